@@ -1,0 +1,257 @@
+"""The broker's one typed configuration object, and its loader.
+
+A Jolt config file (``network``, ``security``) is accepted as is; the other sections are this broker's extensions.
+The loader rejects unknown keys, wrong types and out-of-range values with one line naming the key
+(``ConfigError``), before anything starts.  CLI flags are applied as dotted-key overrides on the raw document, so a
+bad flag is reported exactly like a bad file entry.  See docs/configuration.md for every key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union
+
+import orjson
+
+
+class ConfigError(Exception):
+    """One line: which key is wrong and why."""
+
+
+def _meta(minimum: float | None = None, maximum: float | None = None, doc: str = "") -> dict:
+    return {"min": minimum, "max": maximum, "doc": doc}
+
+
+def _port(default: int) -> Any:
+    return field(default=default, metadata=_meta(0, 65535, "TCP port; 0 picks a free one"))
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    bind: str = "127.0.0.1"
+    port: int = _port(8080)
+
+
+@dataclass(frozen=True)
+class UserConfig:
+    username: str = ""
+    password: str | None = None
+    password_hash: str | None = None
+    permissions: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SecurityConfig:
+    enabled: bool = False
+    admin_user: UserConfig = field(default_factory=UserConfig)
+    users: list[UserConfig] = field(default_factory=list)
+    iterations: int = field(default=600_000, metadata=_meta(1000, 10_000_000))
+    auth_timeout: float = field(default=10.0, metadata=_meta(0.1, 3600))
+    max_auth_failures: int = field(default=5, metadata=_meta(1, 1000))
+
+
+@dataclass(frozen=True)
+class WorkersConfig:
+    count: int | Literal["auto"] = field(default="auto", metadata=_meta(1, 256))
+    boot_timeout: float = field(default=30.0, metadata=_meta(1, 600))
+    heartbeat_timeout: float = field(default=10.0, metadata=_meta(1, 600))
+    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
+
+    def resolved_count(self) -> int:
+        return (os.cpu_count() or 1) if self.count == "auto" else int(self.count)
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    max_line_bytes: int = field(default=1 << 20, metadata=_meta(64, 1 << 30))
+    max_pending_bytes: int = field(default=8 << 20, metadata=_meta(1024, 1 << 34))
+    max_connections: int = field(default=65536, metadata=_meta(1, 10_000_000))
+    max_topic_length: int = field(default=4096, metadata=_meta(1, 1 << 20))
+    max_subscriptions: int = field(default=65536, metadata=_meta(1, 10_000_000))
+    max_tracked_subjects: int = field(default=100_000, metadata=_meta(100, 100_000_000))
+
+
+@dataclass(frozen=True)
+class FabricConfig:
+    hwm: int = field(default=100_000, metadata=_meta(100, 100_000_000))
+    window_bytes: int = field(default=32 << 20, metadata=_meta(1 << 16, 1 << 34))
+    stall_timeout: float = field(default=2.0, metadata=_meta(0.01, 3600))
+
+
+@dataclass(frozen=True)
+class MonitoringConfig:
+    enabled: bool = True
+    bind: str | None = None
+    port: int = _port(8222)
+
+
+@dataclass(frozen=True)
+class ShutdownConfig:
+    grace_period: float = field(default=5.0, metadata=_meta(0, 3600))
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    dir: str | None = None  # parent of the private runtime directory; default $XDG_RUNTIME_DIR or the temp dir
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+@dataclass(frozen=True)
+class Config:
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    workers: WorkersConfig = field(default_factory=WorkersConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    fabric: FabricConfig = field(default_factory=FabricConfig)
+    monitoring: MonitoringConfig = field(default_factory=MonitoringConfig)
+    shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    source: str | None = field(default=None, metadata={"internal": True})
+
+    def bind_for(self, section_bind: str | None) -> str:
+        return section_bind if section_bind is not None else self.network.bind
+
+
+def load(path: str | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Read ``path`` (JSON; None: embedded defaults), apply dotted-key ``overrides``, validate."""
+    doc: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as fh:
+                raw = fh.read()
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+        try:
+            doc = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise ConfigError(f"{path}: not valid JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise ConfigError(f"{path}: the top level must be a JSON object")
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        node = doc
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{key}: expected an object")
+        node[leaf] = value
+    config = _build(Config, doc, "")
+    config = dataclasses.replace(config, source=os.path.abspath(path) if path else None)
+    _check(config)
+    return config
+
+
+def _check(config: Config) -> None:
+    """Rules that span keys."""
+    sec = config.security
+    if sec.enabled and not sec.admin_user.username:
+        raise ConfigError("security.admin_user.username: must be set when security.enabled is true")
+    for where, user in [("security.admin_user", sec.admin_user)] + [
+            (f"security.users[{i}]", u) for i, u in enumerate(sec.users)]:
+        if sec.enabled and user.username and user.password is None and user.password_hash is None:
+            raise ConfigError(f"{where}: needs password or password_hash")
+        if user.password is not None and user.password_hash is not None:
+            raise ConfigError(f"{where}: give password or password_hash, not both")
+
+
+# -- the generic part: a dataclass schema walker ---------------------------------------------------------------
+
+def _describe(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " or ".join(orjson.dumps(a).decode() for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_describe(a) for a in typing.get_args(tp))
+    if origin is list:
+        return f"a list of {_describe(typing.get_args(tp)[0])}s"
+    if dataclasses.is_dataclass(tp):
+        return "an object"
+    return {bool: "true/false", int: "an integer", float: "a number", str: "a string",
+            type(None): "null"}.get(tp, str(tp))
+
+
+def _fail(path: str, tp: Any, value: Any) -> typing.NoReturn:
+    shown = orjson.dumps(value).decode() if _jsonable(value) else repr(value)
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    raise ConfigError(f"{path}: expected {_describe(tp)}, got {shown}")
+
+
+def _jsonable(value: Any) -> bool:
+    try:
+        orjson.dumps(value)
+        return True
+    except TypeError:
+        return False
+
+
+def _convert(tp: Any, value: Any, path: str, meta: dict) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        for option in typing.get_args(tp):
+            try:
+                return _convert(option, value, path, meta)
+            except ConfigError as exc:
+                if "must be" in str(exc):  # right type, wrong range: that is the error to report
+                    raise
+        _fail(path, tp, value)
+    if origin is Literal:
+        if value in typing.get_args(tp) and type(value) in {type(a) for a in typing.get_args(tp)}:
+            return value
+        _fail(path, tp, value)
+    if origin is list:
+        if not isinstance(value, list):
+            _fail(path, tp, value)
+        (item_tp,) = typing.get_args(tp)
+        return [_convert(item_tp, v, f"{path}[{i}]", {}) for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            _fail(path, tp, value)
+        return _build(tp, value, path + ".")
+    if tp is type(None):
+        if value is not None:
+            _fail(path, tp, value)
+        return None
+    if tp is bool:
+        if not isinstance(value, bool):
+            _fail(path, tp, value)
+        return value
+    if tp in (int, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            _fail(path, tp, value)
+        if tp is int and isinstance(value, float):
+            if not value.is_integer():
+                _fail(path, tp, value)
+            value = int(value)
+        lo, hi = meta.get("min"), meta.get("max")
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            raise ConfigError(f"{path}: must be between {lo:g} and {hi:g}, got {value}")
+        return tp(value)
+    if tp is str:
+        if not isinstance(value, str):
+            _fail(path, tp, value)
+        return value
+    raise TypeError(f"unsupported config type {tp!r} at {path}")
+
+
+def _build(cls: type, doc: dict[str, Any], prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
+    unknown = [k for k in doc if k not in fields]
+    if unknown:
+        known = ", ".join(sorted(fields))
+        raise ConfigError(f"{prefix}{unknown[0]}: unknown key (known here: {known})")
+    kwargs = {name: _convert(hints[name], doc[name], prefix + name, dict(fields[name].metadata))
+              for name in fields if name in doc}
+    return cls(**kwargs)

@@ -1,0 +1,169 @@
+"""Monitoring endpoints, served by the supervisor and answered by the workers.
+
+Every request asks each worker over its control channel and aggregates the replies, so a worker whose event loop is
+stuck shows up as unresponsive instead of looking healthy (the reason not to answer from a side thread).  Field
+names follow nats-server's monitoring (``/varz``, ``/connz``, ``/subsz``, ``/healthz``) so existing tooling finds
+what it expects; see docs/operations.md.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING
+
+import psutil
+
+from .httpd import HttpServer
+
+if TYPE_CHECKING:
+    from .supervisor import Supervisor
+
+VERSION = "0.1.0"
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _uptime(seconds: float) -> str:
+    seconds = int(seconds)
+    d, rem = divmod(seconds, 86400)
+    h, rem = divmod(rem, 3600)
+    m, s = divmod(rem, 60)
+    return "".join(f"{v}{u}" for v, u in ((d, "d"), (h, "h"), (m, "m")) if v) + f"{s}s"
+
+
+class Monitor:
+    def __init__(self, supervisor: "Supervisor") -> None:
+        self.sup = supervisor
+        self._http = HttpServer(self._route)
+        self.address: tuple[str, int] = ("", 0)
+        self._procs: dict[int, psutil.Process] = {}
+
+    async def start(self) -> None:
+        cfg = self.sup.config
+        self.address = await self._http.start(cfg.bind_for(cfg.monitoring.bind), cfg.monitoring.port)
+
+    def describe(self) -> str:
+        host, port = self.address
+        return f"{host}:{port}"
+
+    async def close(self) -> None:
+        await self._http.close()
+
+    async def _route(self, path: str, query: dict[str, str]) -> tuple[int, object]:
+        handler = {
+            "/": self._index, "/healthz": self._healthz, "/varz": self._varz, "/connz": self._connz,
+            "/subsz": self._subsz, "/topicz": self._topicz,
+        }.get(path.rstrip("/") or "/")
+        if handler is None:
+            return 404, {"error": f"no such endpoint: {path}"}
+        return await handler(query)
+
+    async def _index(self, query: dict) -> tuple[int, object]:
+        return 200, {"endpoints": ["/healthz", "/varz", "/connz", "/subsz", "/topicz"]}
+
+    async def _healthz(self, query: dict) -> tuple[int, object]:
+        replies = await self.sup.query({"k": "stats"}, timeout=2.0)
+        bad = [r["worker"] for r in replies if r.get("unresponsive")]
+        missing = self.sup.nworkers - len(replies)
+        if bad or missing:
+            return 503, {"status": "unavailable",
+                         "error": f"{len(bad)} worker(s) unresponsive, {missing} not running"}
+        return 200, {"status": "ok"}
+
+    def _resources(self, pids: list[int]) -> tuple[int, float]:
+        """(RSS bytes, CPU percent) of the supervisor and the given workers."""
+        rss, cpu = 0, 0.0
+        for pid in [os.getpid()] + pids:
+            proc = self._procs.get(pid)
+            try:
+                if proc is None:
+                    proc = self._procs[pid] = psutil.Process(pid)
+                rss += proc.memory_info().rss
+                cpu += proc.cpu_percent(None)
+            except psutil.Error:
+                self._procs.pop(pid, None)
+        return rss, round(cpu, 1)
+
+    async def _varz(self, query: dict) -> tuple[int, object]:
+        sup, cfg = self.sup, self.sup.config
+        replies = await sup.query({"k": "stats"})
+        ok = [r for r in replies if not r.get("unresponsive")]
+        total = lambda key: sum(r.get(key, 0) for r in ok)  # noqa: E731
+        mem, cpu = self._resources([r["pid"] for r in ok])
+        now = time.time()
+        listeners = {lst.protocol: lst.address for lst in sup.listeners}
+        host, port = listeners.get("ndjson", ("", 0))
+        lost_frames = sum(r.get("fabric", {}).get("lost_frames", 0) for r in ok)
+        lost_messages = sum(r.get("fabric", {}).get("lost_messages", 0) for r in ok)
+        return 200, {
+            "server_name": "shardbroker",
+            "version": VERSION,
+            "host": host,
+            "port": port,
+            "ports": {name: addr[1] for name, addr in listeners.items()},
+            "max_connections": cfg.limits.max_connections,
+            "max_pending": cfg.limits.max_pending_bytes,
+            "start": _iso(sup.started),
+            "now": _iso(now),
+            "uptime": _uptime(now - sup.started),
+            "mem": mem,
+            "cpu": cpu,
+            "cores": psutil.cpu_count(),
+            "connections": total("connections"),
+            "total_connections": total("total_connections"),
+            "subscriptions": total("subscriptions"),
+            "in_msgs": total("in_msgs"),
+            "out_msgs": total("out_msgs"),
+            "in_bytes": total("in_bytes"),
+            "out_bytes": total("out_bytes"),
+            "slow_consumers": total("slow_consumers"),
+            "fabric_lost_frames": lost_frames,
+            "fabric_lost_messages": lost_messages,
+            "worker_count": sup.nworkers,
+            "workers": replies,
+        }
+
+    async def _connz(self, query: dict) -> tuple[int, object]:
+        subs = query.get("subs") in ("1", "true", "detail")
+        replies = await self.sup.query({"k": "stats", "what": "conns", "subs": subs})
+        conns = []
+        for r in replies:
+            for c in r.get("conns", []):
+                conns.append({**c, "worker": r["worker"]})
+        conns.sort(key=lambda c: c["cid"])
+        offset = max(0, int(query.get("offset", 0) or 0))
+        limit = max(0, int(query.get("limit", 1024) or 1024))
+        page = conns[offset:offset + limit]
+        return 200, {
+            "now": _iso(time.time()), "num_connections": len(page), "total": len(conns),
+            "offset": offset, "limit": limit, "connections": page,
+        }
+
+    async def _subsz(self, query: dict) -> tuple[int, object]:
+        replies = await self.sup.query({"k": "stats"})
+        ok = [r for r in replies if not r.get("unresponsive")]
+        return 200, {
+            "num_subscriptions": sum(r.get("subscriptions", 0) for r in ok),
+            "num_cache": sum(r.get("route_cache", 0) for r in ok),
+            "num_patterns": sum(r.get("patterns", 0) for r in ok),
+            "workers": [{"worker": r["worker"], "subscriptions": r.get("subscriptions", 0),
+                         "patterns": r.get("patterns", 0), "remote_patterns": r.get("remote_patterns", 0)}
+                        for r in ok],
+        }
+
+    async def _topicz(self, query: dict) -> tuple[int, object]:
+        limit = max(1, int(query.get("limit", 100) or 100))
+        msg = {"k": "stats", "what": "subjects", "limit": limit}
+        if query.get("subject"):
+            msg["subject"] = query["subject"]
+        replies = await self.sup.query(msg)
+        rows = []
+        for r in replies:
+            for row in r.get("subjects", []):
+                rows.append({**row, "owner": r["worker"]})
+        rows.sort(key=lambda row: row["msgs"], reverse=True)
+        return 200, {"subjects": rows[:limit]}

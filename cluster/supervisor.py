@@ -1,0 +1,344 @@
+"""The supervisor: binds the listeners, runs the workers, hands them connections, stops everything cleanly.
+
+Modelled on gunicorn's arbiter.  Signal handlers only queue the signal; the main loop dispatches ``handle_<name>``
+and then keeps the real set of workers moving toward the wanted one (``_murder_unresponsive``; replacements are
+spawned as soon as a worker's exit is seen).
+
+Signals: TERM and INT stop gracefully (a second INT forces), QUIT stops at once, HUP is logged (nothing to reload
+yet).  Exit codes: 0 clean stop, 1 forced stop or runtime failure, 2 bad configuration (from the CLI),
+3 a worker failed to boot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import resource
+import signal
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from . import control, runtime, systemd
+from .acceptor import Acceptor, Listener, bind
+from .config import Config
+from .logs import setup_logging
+from .monitor import Monitor
+
+log = logging.getLogger("broker.supervisor")
+
+EXIT_OK, EXIT_FAILED, EXIT_BOOT_FAILED = 0, 1, 3
+_CRASH_WINDOW, _CRASH_LIMIT = 60.0, 10   # more worker deaths than this within the window: stop, do not loop
+
+
+@dataclass(eq=False)
+class WorkerSlot:
+    index: int
+    epoch: int
+    process: Any
+    channel: control.Channel | None = None
+    state: str = "booting"                # booting -> ready -> dead
+    pid: int = 0
+    live: int = 0                          # connections handed to it and not reported closed
+    started: float = field(default_factory=time.monotonic)
+    last_heartbeat: float = field(default_factory=time.monotonic)
+    boot_error: str | None = None
+
+
+class Supervisor:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.nworkers = config.workers.resolved_count()
+        self.slots: list[WorkerSlot | None] = [None] * self.nworkers
+        self.runtime_dir = ""
+        self.listeners: list[Listener] = []
+        self.acceptor: Acceptor | None = None
+        self.monitor: Monitor | None = None
+        self.started = time.time()
+        self._epoch = 0
+        self._next_cid = 0
+        self._signals: asyncio.Queue[int] | None = None
+        self._stop: str | None = None          # None, "graceful" or "fast"
+        self._exit_code = EXIT_OK
+        self._deaths: list[float] = []
+        self._booted: asyncio.Event | None = None
+        self._requests: dict[int, tuple[asyncio.Future, dict]] = {}
+        self._next_req = 0
+        self._mp = multiprocessing.get_context("spawn")
+
+    # -- entry ----------------------------------------------------------------------------------------------
+    def run(self) -> int:
+        setup_logging(self.config.logging.level, "supervisor")
+        _raise_open_files_limit()
+        try:
+            self.listeners = self._bind()
+        except OSError as exc:
+            log.error("%s", exc)
+            return EXIT_FAILED
+        self.runtime_dir = runtime.create(self.config.runtime.dir)
+        log.info("runtime directory %s", self.runtime_dir)
+        try:
+            return asyncio.run(self._main())
+        finally:
+            for lst in self.listeners:
+                lst.sock.close()
+            runtime.remove(self.runtime_dir)
+
+    def _bind(self) -> list[Listener]:
+        cfg = self.config
+        wanted = [("ndjson", cfg.network.bind, cfg.network.port, b'{"ok":false,"error":"max_connections"}\n')]
+        listeners = []
+        for proto, host, port, refusal in wanted:
+            try:
+                listeners.append(Listener(proto, bind(host, port), refusal))
+            except OSError as exc:
+                for lst in listeners:
+                    lst.sock.close()
+                raise OSError(exc.errno, f"cannot listen for {proto} on {host}:{port}: {exc.strerror}") from None
+        return listeners
+
+    async def _main(self) -> int:
+        loop = asyncio.get_running_loop()
+        self._signals = asyncio.Queue()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
+            loop.add_signal_handler(sig, self._signals.put_nowait, sig)
+        self._booted = asyncio.Event()
+        for i in range(self.nworkers):
+            self._spawn(i)
+        if await self._wait_for_boot():
+            self.acceptor = Acceptor(self.listeners, self._handoff, self._at_capacity)
+            self.acceptor.start()
+            if self.config.monitoring.enabled:
+                self.monitor = Monitor(self)
+                await self.monitor.start()
+            self._announce_ready()
+            while self._stop is None:
+                try:
+                    sig = await asyncio.wait_for(self._signals.get(), 1.0)
+                except TimeoutError:
+                    sig = None
+                if sig is not None:
+                    getattr(self, f"handle_{signal.Signals(sig).name[3:].lower()}")()
+                self._murder_unresponsive()
+        await self._shutdown()
+        return self._exit_code
+
+    async def _wait_for_boot(self) -> bool:
+        deadline = time.monotonic() + self.config.workers.boot_timeout + 5
+        while not self._booted.is_set() and self._stop is None:
+            if time.monotonic() > deadline:
+                slow = [s.index for s in self.slots if s and s.state != "ready"]
+                self._halt(f"worker(s) {slow} did not boot within {self.config.workers.boot_timeout:g}s",
+                           EXIT_BOOT_FAILED)
+                break
+            try:
+                sig = await asyncio.wait_for(self._signals.get(), 0.1)
+            except TimeoutError:
+                continue
+            if sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+                self._stop = "fast"
+        return self._booted.is_set() and self._stop is None
+
+    def _announce_ready(self) -> None:
+        parts = [f"{lst.protocol}={lst.describe()}" for lst in self.listeners]
+        if self.monitor is not None:
+            parts.append(f"monitoring={self.monitor.describe()}")
+        pids = ",".join(str(s.pid) for s in self.slots if s)
+        log.info("ready: %s workers=%d pids=%s", " ".join(parts), self.nworkers, pids)
+        systemd.notify(f"READY=1\nMAINPID={os.getpid()}")
+
+    # -- signals --------------------------------------------------------------------------------------------
+    def handle_term(self) -> None:
+        log.info("SIGTERM: stopping gracefully")
+        self._stop = "graceful"
+
+    def handle_int(self) -> None:
+        log.info("SIGINT: stopping gracefully (again to force)")
+        self._stop = "graceful"
+
+    def handle_quit(self) -> None:
+        log.info("SIGQUIT: stopping now")
+        self._stop = "fast"
+
+    def handle_hup(self) -> None:
+        log.info("SIGHUP: nothing to reload")
+
+    def _halt(self, reason: str, code: int) -> None:
+        log.error("%s; stopping", reason)
+        self._exit_code = code
+        if self._stop is None:
+            self._stop = "graceful"
+        if self._signals is not None:
+            self._signals.put_nowait(0)  # wake the main loop
+
+    # -- workers --------------------------------------------------------------------------------------------
+    def _spawn(self, index: int) -> None:
+        from workers.process import main as worker_main
+
+        self._epoch += 1
+        parent_sock, child_sock = control.socketpair()
+        proc = self._mp.Process(
+            target=worker_main, name=f"broker-worker-{index}", daemon=True,
+            args=(index, self._epoch, self.nworkers, self.config, self.runtime_dir, child_sock))
+        proc.start()
+        child_sock.close()
+        slot = WorkerSlot(index, self._epoch, proc, pid=proc.pid)
+        slot.channel = control.Channel(parent_sock, partial(self._on_worker_message, slot), lambda: None)
+        self.slots[index] = slot
+        asyncio.get_running_loop().add_reader(proc.sentinel, self._on_worker_exit, slot)
+
+    def _on_worker_message(self, slot: WorkerSlot, msg: dict, fds: list[int]) -> None:
+        for fd in fds:
+            os.close(fd)
+        kind = msg.get("k")
+        if kind == "hb":
+            slot.last_heartbeat = time.monotonic()
+            slot.live = max(0, slot.live - int(msg.get("closed", 0)))
+        elif kind == "ready":
+            slot.state = "ready"
+            slot.last_heartbeat = time.monotonic()
+            if self._booted.is_set():
+                log.info("worker %d is back (pid %d)", slot.index, slot.pid)
+            elif all(s is not None and s.state == "ready" for s in self.slots):
+                self._booted.set()
+        elif kind == "boot_error":
+            slot.boot_error = str(msg.get("error"))
+        elif kind == "reply":
+            waiting = self._requests.pop(msg.get("req"), None)
+            if waiting is not None and not waiting[0].done():
+                waiting[0].set_result(msg.get("data"))
+        else:
+            log.error("unknown message %r from worker %d", kind, slot.index)
+
+    def _on_worker_exit(self, slot: WorkerSlot) -> None:
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(slot.process.sentinel)
+        slot.process.join(1)
+        code = slot.process.exitcode
+        how = f"exit code {code}" if code is not None and code >= 0 else \
+            f"signal {signal.Signals(-code).name}" if code is not None else "unknown status"
+        was, slot.state = slot.state, "dead"
+        if slot.channel is not None:
+            slot.channel.close()
+        if self._stop is not None:
+            log.info("worker %d (pid %d) exited: %s", slot.index, slot.pid, how)
+            return
+        if was == "booting":
+            self._halt(f"worker {slot.index} (pid {slot.pid}) failed to boot: {slot.boot_error or how}",
+                       EXIT_BOOT_FAILED)
+            return
+        log.error("worker %d (pid %d) died (%s); replacing it", slot.index, slot.pid, how)
+        now = time.monotonic()
+        self._deaths = [t for t in self._deaths if now - t < _CRASH_WINDOW] + [now]
+        if len(self._deaths) > _CRASH_LIMIT:
+            self._halt(f"{len(self._deaths)} worker deaths in {_CRASH_WINDOW:g}s", EXIT_FAILED)
+            return
+        for other in self.slots:
+            if other is not None and other is not slot and other.state != "dead":
+                other.channel.send({"k": "peer_down", "w": slot.index, "epoch": slot.epoch})
+        self._spawn(slot.index)
+
+    def _murder_unresponsive(self) -> None:
+        now = time.monotonic()
+        timeout = self.config.workers.heartbeat_timeout
+        for slot in self.slots:
+            if slot is not None and slot.state == "ready" and now - slot.last_heartbeat > timeout:
+                log.error("worker %d (pid %d) sent no heartbeat for %.1fs; killing it",
+                          slot.index, slot.pid, now - slot.last_heartbeat)
+                _kill(slot.pid)
+                slot.last_heartbeat = now  # one kill per timeout, while the exit is being noticed
+
+    # -- connections ----------------------------------------------------------------------------------------
+    def _handoff(self, lst: Listener, conn) -> bool:
+        ready = [s for s in self.slots if s is not None and s.state == "ready"]
+        if not ready:
+            return False
+        slot = min(ready, key=lambda s: s.live)
+        self._next_cid += 1
+        if not slot.channel.send({"k": "conn", "p": lst.protocol, "cid": self._next_cid}, sock=conn):
+            return False
+        slot.live += 1
+        return True
+
+    def _at_capacity(self) -> bool:
+        return sum(s.live for s in self.slots if s is not None) >= self.config.limits.max_connections
+
+    async def query(self, message: dict, timeout: float = 2.0) -> list[dict]:
+        """Ask every ready worker; a worker that does not answer in time is reported as such."""
+        loop = asyncio.get_running_loop()
+        waits = []
+        for slot in self.slots:
+            if slot is None or slot.state != "ready":
+                continue
+            self._next_req += 1
+            fut = loop.create_future()
+            self._requests[self._next_req] = (fut, {"worker": slot.index, "pid": slot.pid})
+            slot.channel.send({**message, "req": self._next_req})
+            waits.append((self._next_req, slot, fut))
+        results = []
+        for req, slot, fut in waits:
+            try:
+                results.append(await asyncio.wait_for(fut, max(0.01, timeout)))
+            except TimeoutError:
+                self._requests.pop(req, None)
+                results.append({"worker": slot.index, "pid": slot.pid, "unresponsive": True})
+        return results
+
+    # -- stopping -------------------------------------------------------------------------------------------
+    async def _shutdown(self) -> None:
+        systemd.notify("STOPPING=1")
+        if self.acceptor is not None:
+            self.acceptor.close()
+        if self.monitor is not None:
+            await self.monitor.close()
+        grace = self.config.shutdown.grace_period
+        alive = [s for s in self.slots if s is not None and s.state != "dead"]
+        if self._stop == "fast":
+            for slot in alive:
+                _kill(slot.pid)
+        else:
+            for slot in alive:
+                slot.channel.send({"k": "stop", "grace": grace})
+        deadline = time.monotonic() + grace + 2.0
+        forced = False
+        while any(s.state != "dead" for s in alive):
+            if time.monotonic() > deadline and not forced:
+                log.error("workers still running after the grace period; killing them")
+                forced = True
+                for slot in alive:
+                    if slot.state != "dead":
+                        _kill(slot.pid)
+            try:
+                sig = await asyncio.wait_for(self._signals.get(), 0.05)
+            except TimeoutError:
+                continue
+            if sig == signal.SIGINT and not forced:
+                log.warning("second SIGINT: forcing shutdown")
+                forced = True
+                self._exit_code = EXIT_FAILED
+                for slot in alive:
+                    if slot.state != "dead":
+                        _kill(slot.pid)
+        log.info("stopped")
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _raise_open_files_limit() -> None:
+    """Thousands of connections need thousands of fds: take the hard limit (workers inherit it)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = 1 << 20
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass

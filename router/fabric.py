@@ -1,0 +1,388 @@
+"""The ZeroMQ fabric between workers.
+
+Every worker binds one PUB socket at ``ipc://<runtime dir>/fabric-<index>.ipc`` and connects one SUB socket to every
+other worker's PUB, subscribed to its own index only, so PUB/SUB works as a set of one-way links: a frame reaches the
+single worker it is addressed to.  On top of that:
+
+- Batching: messages and control items are queued per destination and sent as one frame per destination per
+  event-loop turn (``flush``), which is what makes ZeroMQ fast from Python.
+- Sequence numbers per link: a gap is detected and counted (frames and messages), never silent.
+- Acks and flow control: every frame carries the highest sequence number its sender has processed from the
+  destination.  A sender keeps at most ``window_bytes`` unacknowledged on a link; past that it reports congestion so
+  the worker stops reading from publishing clients (as nats-server stalls fast producers) instead of letting PUB
+  drop at its high-water mark.  A peer that stays congested for ``stall_timeout`` is declared lagging and no longer
+  holds anyone up: from then on frames beyond the HWM are dropped and counted by that peer.
+- Sync points: ``when_processed(callback)`` calls back once every peer has processed every frame queued so far,
+  which is how a subscription is known to be in force on all workers before its client is told ``ok``.
+- Hello: a worker that starts sends hello to every peer until each answers; the answer carries the peer's interest
+  snapshot (added by the handler), and the worker is ready once every peer has answered.
+Control traffic rides the same links as data, so it is ordered with data and covered by the same sequence numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import time
+from typing import Callable, Protocol
+
+import zmq
+
+from . import frames
+
+log = logging.getLogger("broker.fabric")
+
+HELLO = "hello"
+HELLO_ACK = "hello_ack"
+
+_RECV_BUDGET = 512  # frames per callback before yielding to client I/O
+_MAX_FRAME_MESSAGES = 4096  # split a destination's batch above this, to bound frame size and latency
+
+
+class FabricHandler(Protocol):
+    def on_messages(self, src: int, messages: list) -> None: ...
+    def on_control(self, src: int, item: tuple) -> None: ...
+    def on_peer_hello(self, src: int) -> None: ...
+    def on_peer_reset(self, src: int) -> None: ...
+    def on_congestion(self, congested: bool) -> None: ...
+    def schedule_flush(self) -> None: ...
+
+
+def endpoint(runtime_dir: str, index: int) -> str:
+    return f"ipc://{os.path.join(runtime_dir, f'fabric-{index}.ipc')}"
+
+
+class _Link:
+    """State of the two one-way links between this worker and one peer."""
+
+    __slots__ = ("peer", "prefix", "out_msgs", "out_ctrl", "out_seq", "out_msg_count", "acked", "inflight",
+                 "inflight_bytes", "congested_since", "lagging", "in_epoch", "in_seq", "in_msg_count",
+                 "processed", "ack_owed", "up", "lost_frames", "lost_messages", "frames_in", "frames_out",
+                 "messages_in", "messages_out")
+
+    def __init__(self, peer: int) -> None:
+        self.peer = peer
+        self.prefix = frames.prefix(peer)
+        self.out_msgs: list = []
+        self.out_ctrl: list = []
+        self.out_seq = 0
+        self.out_msg_count = 0
+        self.acked = 0
+        self.inflight: collections.deque[tuple[int, int]] = collections.deque()  # (seq, frame size)
+        self.inflight_bytes = 0
+        self.congested_since = 0.0
+        self.lagging = False
+        self.in_epoch = -1
+        self.in_seq = 0
+        self.in_msg_count = 0
+        self.processed = 0
+        self.ack_owed = False
+        # Up: the peer's current incarnation has acknowledged one of our frames, so both directions work.
+        self.up = False
+        self.lost_frames = 0
+        self.lost_messages = 0
+        self.frames_in = self.frames_out = self.messages_in = self.messages_out = 0
+
+    def forget_inflight(self) -> None:
+        self.acked = self.out_seq
+        self.inflight.clear()
+        self.inflight_bytes = 0
+        self.congested_since = 0.0
+        self.lagging = False
+
+
+class Fabric:
+    def __init__(self, index: int, workers: int, epoch: int, runtime_dir: str, handler: FabricHandler, *,
+                 hwm: int, window_bytes: int, stall_timeout: float) -> None:
+        self.index = index
+        self.epoch = epoch
+        self.handler = handler
+        self.window_bytes = window_bytes
+        self.stall_timeout = stall_timeout
+        self.links = {p: _Link(p) for p in range(workers) if p != index}
+        self._dirty: set[int] = set()
+        self._waiters: list[tuple[dict[int, int] | None, Callable[[], None]]] = []
+        self._congested = False
+        self._ready = asyncio.get_running_loop().create_future()
+        self._loop = asyncio.get_running_loop()
+        self._hello_timer: asyncio.TimerHandle | None = None
+        self._closed = False
+
+        self._ctx = zmq.Context(io_threads=1)
+        self.pub = self._ctx.socket(zmq.PUB)
+        self.pub.setsockopt(zmq.SNDHWM, hwm)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        path = endpoint(runtime_dir, index)[len("ipc://"):]
+        if os.path.exists(path):  # left by the worker this one replaces
+            os.unlink(path)
+        self.pub.bind(endpoint(runtime_dir, index))
+        self.sub = self._ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.RCVHWM, hwm)
+        self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.setsockopt(zmq.SUBSCRIBE, frames.prefix(index))
+        for p in self.links:
+            self.sub.connect(endpoint(runtime_dir, p))
+        self._fd = self.sub.getsockopt(zmq.FD)
+        self._loop.add_reader(self._fd, self._on_readable)
+        self._loop.call_soon(self._on_readable)  # frames may already be queued: the fd is edge-triggered
+
+    # -- startup --------------------------------------------------------------------------------------------
+    async def join(self, timeout: float) -> None:
+        """Say hello to every peer until each answers; raise TimeoutError naming the silent ones."""
+        if not self.links:
+            return
+        self._send_hellos()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._ready), timeout)
+        except TimeoutError:
+            silent = sorted(p for p, link in self.links.items() if not link.up)
+            raise TimeoutError(f"no answer on the fabric from worker(s) {silent}") from None
+        finally:
+            if self._hello_timer:
+                self._hello_timer.cancel()
+
+    def _send_hellos(self) -> None:
+        for link in self.links.values():
+            if not link.up:
+                self.control(link.peer, (HELLO,))
+        self.handler.schedule_flush()
+        self._hello_timer = self._loop.call_later(0.05, self._send_hellos)
+
+    # -- sending --------------------------------------------------------------------------------------------
+    def send(self, dst: int, message: tuple) -> None:
+        self.links[dst].out_msgs.append(message)
+        self._dirty.add(dst)
+
+    def control(self, dst: int, item: tuple) -> None:
+        self.links[dst].out_ctrl.append(item)
+        self._dirty.add(dst)
+
+    def broadcast_control(self, item: tuple) -> None:
+        for link in self.links.values():
+            link.out_ctrl.append(item)
+            self._dirty.add(link.peer)
+
+    def when_processed(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once every up peer has processed every frame queued to it so far."""
+        self._waiters.append((None, callback))  # requirements are fixed at the next flush, when seqs are known
+
+    def flush(self) -> None:
+        """Send what this turn queued: one frame per destination, plus acks owed.  Called once per loop turn."""
+        if self._closed:
+            return
+        send = self.pub.send
+        for dst in self._dirty:
+            link = self.links[dst]
+            msgs, ctrl = link.out_msgs, link.out_ctrl
+            link.out_msgs, link.out_ctrl = [], []
+            while True:
+                chunk, msgs = msgs[:_MAX_FRAME_MESSAGES], msgs[_MAX_FRAME_MESSAGES:]
+                link.out_seq += 1
+                frame = frames.encode(dst, self.index, self.epoch, link.out_seq, link.out_msg_count,
+                                      link.processed, chunk, ctrl)
+                ctrl = []
+                link.out_msg_count += len(chunk)
+                link.messages_out += len(chunk)
+                link.frames_out += 1
+                link.inflight_bytes += len(frame)
+                link.inflight.append((link.out_seq, len(frame)))
+                link.ack_owed = False
+                send(frame, zmq.NOBLOCK, copy=len(frame) < 65536)
+                if not msgs:
+                    break
+        self._dirty.clear()
+        for link in self.links.values():
+            if link.ack_owed:
+                link.ack_owed = False
+                send(frames.encode(link.peer, self.index, self.epoch, 0, link.out_msg_count, link.processed,
+                                   [], []), zmq.NOBLOCK)
+        if self._waiters:
+            self._fix_waiters()
+        self._check_congestion()
+
+    def _fix_waiters(self) -> None:
+        fixed = []
+        for req, cb in self._waiters:
+            if req is None:
+                req = {p: link.out_seq for p, link in self.links.items() if link.up and link.acked < link.out_seq}
+            fixed.append((req, cb))
+        self._waiters = fixed
+        self._release_waiters()
+
+    def _release_waiters(self) -> None:
+        keep = []
+        for req, cb in self._waiters:
+            if req is not None:
+                for p in [p for p, seq in req.items() if self.links[p].acked >= seq or not self.links[p].up]:
+                    del req[p]
+                if not req:
+                    cb()
+                    continue
+            keep.append((req, cb))
+        self._waiters = keep
+
+    # -- receiving ------------------------------------------------------------------------------------------
+    def _on_readable(self) -> None:
+        if self._closed:
+            return
+        recv = self.sub.recv
+        for _ in range(_RECV_BUDGET):
+            try:
+                frame = recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            try:
+                self._handle(frame)
+            except ValueError as exc:
+                log.error("dropping malformed fabric frame: %s", exc)
+        else:
+            self._loop.call_soon(self._on_readable)  # more may be waiting: yield to client I/O first
+        self.handler.schedule_flush()
+
+    def _handle(self, frame: bytes) -> None:
+        src, epoch, seq, msgs_before, ack, messages, control = frames.decode(frame)
+        link = self.links.get(src)
+        if link is None:
+            raise ValueError(f"frame from unknown worker {src}")
+        if epoch < link.in_epoch:
+            # Sent by the incarnation this peer replaced, still queued: its messages were published, deliver them.
+            if messages:
+                self.handler.on_messages(src, messages)
+            return
+        if epoch > link.in_epoch:
+            if link.in_epoch >= 0:
+                log.info("worker %d restarted (epoch %d -> %d)", src, link.in_epoch, epoch)
+                self.handler.on_peer_reset(src)
+            link.in_epoch = epoch
+            link.in_seq = 0
+            link.processed = 0
+            link.in_msg_count = msgs_before
+            link.forget_inflight()
+            link.up = False
+        if ack:
+            self._on_ack(link, ack)
+        if seq == 0:
+            return  # ack-only
+        if link.in_seq and seq != link.in_seq + 1:
+            lost = seq - link.in_seq - 1
+            lost_msgs = msgs_before - link.in_msg_count
+            link.lost_frames += lost
+            link.lost_messages += lost_msgs
+            log.error("fabric link %d->%d lost %d frame(s), %d message(s)", src, self.index, lost, lost_msgs)
+        link.in_seq = seq
+        link.in_msg_count = msgs_before + len(messages)
+        link.processed = seq
+        link.ack_owed = True
+        link.frames_in += 1
+        link.messages_in += len(messages)
+        for item in control:
+            kind = item[0]
+            if kind == HELLO:
+                self.control(src, (HELLO_ACK,))
+                self.handler.on_peer_hello(src)
+            elif kind == HELLO_ACK:
+                pass  # the ack number in the header is what proves the link; see _on_ack
+            else:
+                self.handler.on_control(src, item)
+        if messages:
+            self.handler.on_messages(src, messages)
+
+    def _on_ack(self, link: _Link, ack: int) -> None:
+        if ack > link.acked:
+            link.acked = ack
+            inflight = link.inflight
+            while inflight and inflight[0][0] <= ack:
+                link.inflight_bytes -= inflight.popleft()[1]
+        if not link.up:
+            link.up = True
+            if not self._ready.done() and all(lk.up for lk in self.links.values()):
+                self._ready.set_result(None)
+        if self._waiters:
+            self._release_waiters()
+        if self._congested:
+            self._check_congestion()
+
+    # -- flow control ---------------------------------------------------------------------------------------
+    def _check_congestion(self) -> None:
+        now = time.monotonic()
+        congested = False
+        for link in self.links.values():
+            if link.inflight_bytes > self.window_bytes and not link.lagging:
+                if not link.congested_since:
+                    link.congested_since = now
+                elif now - link.congested_since > self.stall_timeout:
+                    link.lagging = True
+                    log.warning("worker %d lags behind (%d bytes unacknowledged for %.1fs); no longer waiting "
+                                "for it", link.peer, link.inflight_bytes, now - link.congested_since)
+                    continue
+                congested = True
+            elif link.inflight_bytes <= self.window_bytes // 2:
+                link.congested_since = 0.0
+                if link.lagging:
+                    link.lagging = False
+                    log.info("worker %d caught up", link.peer)
+        if congested != self._congested:
+            self._congested = congested
+            self.handler.on_congestion(congested)
+
+    @property
+    def congested(self) -> bool:
+        return self._congested
+
+    def tick(self) -> None:
+        """Periodic (about 1 s): re-send acks (an ack-only frame can be dropped) and re-check a stall."""
+        for link in self.links.values():
+            if link.in_epoch >= 0:
+                link.ack_owed = True
+        self._check_congestion()
+        self.handler.schedule_flush()
+
+    # -- membership -----------------------------------------------------------------------------------------
+    def peer_down(self, peer: int, epoch: int) -> None:
+        """The supervisor saw incarnation ``epoch`` of ``peer`` die: stop waiting for it, forget what it had not
+        acknowledged.  Ignored if a newer incarnation has already said hello (the notice raced it)."""
+        link = self.links.get(peer)
+        if link is None or link.in_epoch > epoch:
+            return
+        link.up = False
+        link.forget_inflight()
+        link.out_msgs.clear()
+        self.handler.on_peer_reset(peer)
+        self._release_waiters()
+        self._check_congestion()
+
+    def up_peers(self) -> list[int]:
+        return [p for p, link in self.links.items() if link.up]
+
+    # -- introspection --------------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        links = {}
+        for p, lk in self.links.items():
+            links[str(p)] = {
+                "up": lk.up, "frames_out": lk.frames_out, "frames_in": lk.frames_in,
+                "messages_out": lk.messages_out, "messages_in": lk.messages_in,
+                "lost_frames": lk.lost_frames, "lost_messages": lk.lost_messages,
+                "inflight_bytes": lk.inflight_bytes, "lagging": lk.lagging,
+            }
+        return {
+            "links": links,
+            "lost_frames": sum(lk.lost_frames for lk in self.links.values()),
+            "lost_messages": sum(lk.lost_messages for lk in self.links.values()),
+            "congested": self._congested,
+        }
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._hello_timer:
+            self._hello_timer.cancel()
+        try:
+            self._loop.remove_reader(self._fd)
+        except (ValueError, OSError):
+            pass
+        self.pub.close(linger=0)
+        self.sub.close(linger=0)
+        self._ctx.term()

@@ -1,0 +1,57 @@
+"""Frames exchanged between workers on the ZeroMQ fabric (bytes in, bytes out; no sockets here).
+
+A frame is one ZeroMQ message:
+
+    dst:u16 | src:u16 | epoch:u32 | seq:u64 | msgs_before:u64 | ack:u64 | body
+
+- ``dst`` comes first because ZeroMQ SUB filters on a prefix: each worker subscribes to its own index only, so the
+  PUB side sends a frame to the one worker it is addressed to.
+- ``epoch`` is the sender's incarnation (the supervisor numbers every spawn), so a replaced worker starts a new link.
+- ``seq`` numbers the frames of the link src->dst from 1; a gap means frames were lost.  ``msgs_before`` counts the
+  messages sent on the link before this frame, so the receiver can say how many messages a gap lost.
+- ``ack`` is the highest ``seq`` of the link dst->src that the sender has processed: it releases the receiver's flow
+  control window and tells it that earlier interest changes are in force.  Ack-only frames carry seq 0 and no body;
+  they are not part of the sequence (losing one is harmless, the next ack covers it).
+- ``body`` is ``marshal`` of ``(messages, control)``: messages are ``(subject, kind, payload, reply, headers)``
+  tuples; control is a list of small tuples (interest changes, hello, counters).  marshal is C-fast and only builds
+  plain values; it is not safe for untrusted input, which is why the fabric lives in a private 0700 directory and
+  only the broker's own workers ever write to it.
+"""
+
+from __future__ import annotations
+
+import marshal
+import struct
+
+_HEADER = struct.Struct("!HHIQQQ")
+HEADER_SIZE = _HEADER.size
+_PREFIX = struct.Struct("!H")
+
+Message = tuple  # (subject: str, kind: int, payload: bytes, reply: str | None, headers: bytes | None)
+
+
+def prefix(dst: int) -> bytes:
+    """The ZeroMQ subscription prefix that selects frames addressed to ``dst``."""
+    return _PREFIX.pack(dst)
+
+
+def encode(dst: int, src: int, epoch: int, seq: int, msgs_before: int, ack: int,
+           messages: list, control: list) -> bytes:
+    head = _HEADER.pack(dst, src, epoch, seq, msgs_before, ack)
+    if not messages and not control:
+        return head
+    return head + marshal.dumps((messages, control))
+
+
+def decode(frame: bytes) -> tuple[int, int, int, int, int, list, list]:
+    """-> (src, epoch, seq, msgs_before, ack, messages, control).  Raises ValueError on a malformed frame."""
+    if len(frame) < HEADER_SIZE:
+        raise ValueError("short fabric frame")
+    _dst, src, epoch, seq, msgs_before, ack = _HEADER.unpack_from(frame)
+    if len(frame) == HEADER_SIZE:
+        return src, epoch, seq, msgs_before, ack, [], []
+    try:
+        messages, control = marshal.loads(memoryview(frame)[HEADER_SIZE:])
+    except (EOFError, TypeError, ValueError) as exc:
+        raise ValueError(f"bad fabric frame body: {exc}") from None
+    return src, epoch, seq, msgs_before, ack, messages, control

@@ -1,0 +1,135 @@
+"""A subscription trie: patterns in, matching values out.
+
+One level per token, with a dict of literal children plus a ``*`` slot and a ``>`` slot, as nats-server's sublist.
+Values are opaque and hashable (a subscription object, a worker index); a value may be stored under several patterns
+and a pattern may hold several values.  Empty branches are pruned on removal, so memory follows live patterns only.
+
+Caching of match results is the caller's business (see ``workers.hub``): the trie exposes a ``generation`` that
+changes on every insert and remove, which is what a cache needs to know.
+"""
+
+from __future__ import annotations
+
+from typing import Hashable, Iterator
+
+from .subjects import FWC, PWC
+
+
+class _Node:
+    __slots__ = ("children", "pwc", "fwc", "values")
+
+    def __init__(self) -> None:
+        self.children: dict[str, _Node] = {}
+        self.pwc: _Node | None = None
+        # '>' may only be the last token, so its slot holds values directly.
+        self.fwc: dict[Hashable, None] = {}
+        self.values: dict[Hashable, None] = {}
+
+    def empty(self) -> bool:
+        return not (self.children or self.pwc or self.fwc or self.values)
+
+
+class Sublist:
+    def __init__(self) -> None:
+        self._root = _Node()
+        self._count = 0
+        self.generation = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def insert(self, pattern: str, value: Hashable) -> bool:
+        """Store ``value`` under ``pattern``; False if it was already there."""
+        toks = pattern.split(".")
+        node = self._root
+        last = len(toks) - 1
+        for i, tok in enumerate(toks):
+            if tok == FWC and i == last:
+                slot = node.fwc
+                break
+            if tok == PWC:
+                if node.pwc is None:
+                    node.pwc = _Node()
+                node = node.pwc
+            else:
+                child = node.children.get(tok)
+                if child is None:
+                    child = node.children[tok] = _Node()
+                node = child
+        else:
+            slot = node.values
+        if value in slot:
+            return False
+        slot[value] = None
+        self._count += 1
+        self.generation += 1
+        return True
+
+    def remove(self, pattern: str, value: Hashable) -> bool:
+        """Remove ``value`` from ``pattern``; False if it was not there."""
+        toks = pattern.split(".")
+        path: list[tuple[_Node, str]] = []
+        node = self._root
+        last = len(toks) - 1
+        for i, tok in enumerate(toks):
+            if tok == FWC and i == last:
+                slot = node.fwc
+                break
+            nxt = node.pwc if tok == PWC else node.children.get(tok)
+            if nxt is None:
+                return False
+            path.append((node, tok))
+            node = nxt
+        else:
+            slot = node.values
+        if value not in slot:
+            return False
+        del slot[value]
+        self._count -= 1
+        self.generation += 1
+        # Prune the branch bottom-up while it is empty.
+        while path and node.empty():
+            parent, tok = path.pop()
+            if tok == PWC:
+                parent.pwc = None
+            else:
+                del parent.children[tok]
+            node = parent
+        return True
+
+    def match(self, subject: str) -> list[Hashable]:
+        """Values of every pattern matching the literal ``subject``, one entry per (pattern, value)."""
+        out: list[Hashable] = []
+        _match(self._root, subject.split("."), 0, out)
+        return out
+
+    def patterns(self) -> Iterator[tuple[str, Hashable]]:
+        """Every (pattern, value) stored; for snapshots and introspection, not the hot path."""
+        stack: list[tuple[_Node, tuple[str, ...]]] = [(self._root, ())]
+        while stack:
+            node, prefix = stack.pop()
+            for value in node.values:
+                yield ".".join(prefix), value
+            for value in node.fwc:
+                yield ".".join(prefix + (FWC,)), value
+            for tok, child in node.children.items():
+                stack.append((child, prefix + (tok,)))
+            if node.pwc is not None:
+                stack.append((node.pwc, prefix + (PWC,)))
+
+
+def _match(node: _Node, toks: list[str], i: int, out: list[Hashable]) -> None:
+    n = len(toks)
+    while True:
+        if node.fwc and i < n:
+            out.extend(node.fwc)
+        if i == n:
+            out.extend(node.values)
+            return
+        if node.pwc is not None:
+            _match(node.pwc, toks, i + 1, out)
+        child = node.children.get(toks[i])
+        if child is None:
+            return
+        node = child
+        i += 1

@@ -1,0 +1,36 @@
+import resource
+
+import pytest
+
+from harness import Broker
+
+# Tests open hundreds of sockets at once.
+_soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+if _soft < min(_hard, 16384):
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(_hard, 16384), _hard))
+
+
+@pytest.fixture
+def start_broker(tmp_path):
+    """start_broker(workers=2, config=None, args=()) -> a running Broker, stopped and reaped at teardown."""
+    started: list[Broker] = []
+
+    def start(**kwargs) -> Broker:
+        broker = Broker(tmp_path, **kwargs)
+        started.append(broker)
+        return broker.start()
+
+    yield start
+    errors = []
+    for broker in started:
+        try:
+            broker.close()
+        except AssertionError as exc:
+            errors.append(str(exc))
+    assert not errors, errors
+
+
+@pytest.fixture
+def broker(start_broker):
+    """A 2-worker broker with defaults."""
+    return start_broker(workers=2)

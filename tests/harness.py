@@ -1,0 +1,260 @@
+"""Start the real broker as a subprocess on free ports, and talk to it over real sockets.
+
+``Broker`` runs ``python -m cli start`` in its own session (so every process it starts can be found and reaped),
+waits for the ready line, and reads the ports and worker pids from it.  ``Raw`` is a line-oriented raw socket for
+byte-exact protocol tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+READY = re.compile(r"ready: (.*) workers=(\d+) pids=([\d,]+)")
+
+
+class Broker:
+    def __init__(self, tmp: Path, workers: int = 2, config: dict | None = None, args: list[str] = (),
+                 grace: float = 5.0) -> None:
+        self.tmp = tmp
+        self.workers = workers
+        self.config = config
+        self.args = list(args)
+        self.grace = grace
+        self.proc: subprocess.Popen | None = None
+        self.ports: dict[str, int] = {}
+        self.pids: list[int] = []
+        self.log_path = tmp / f"broker-{id(self)}.log"
+
+    # -- life cycle -----------------------------------------------------------------------------------------
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "cli", "start", "--workers", str(self.workers), "--port", "0",
+               "--monitor-port", "0", "--grace", str(self.grace)]
+        if self.config is not None:
+            path = self.tmp / f"config-{id(self)}.json"
+            path.write_text(json.dumps(self.config))
+            cmd += ["--config", str(path)]
+        return cmd + self.args
+
+    def start(self, timeout: float = 30.0) -> "Broker":
+        self._log = open(self.log_path, "wb")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO,
+                                     env=env, start_new_session=True, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = READY.search(self.log())
+            if m:
+                for part in m.group(1).split():
+                    name, _, addr = part.partition("=")
+                    self.ports[name] = int(addr.rsplit(":", 1)[1])
+                self.pids = [int(p) for p in m.group(3).split(",")]
+                return self
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{self.log()}")
+            time.sleep(0.05)
+        self.kill()
+        raise RuntimeError(f"broker not ready in {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def wait_log(self, pattern: str, timeout: float = 10.0, after: int = 0) -> re.Match:
+        deadline = time.monotonic() + timeout
+        rx = re.compile(pattern)
+        while time.monotonic() < deadline:
+            m = rx.search(self.log(), after)
+            if m:
+                return m
+            time.sleep(0.05)
+        raise AssertionError(f"log never matched {pattern!r}:\n{self.log()}")
+
+    def group(self) -> list[psutil.Process]:
+        """Every live process of the broker's session (supervisor, workers)."""
+        out = []
+        for p in psutil.process_iter(["pid"]):
+            try:
+                if os.getsid(p.pid) == self.proc.pid and p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(p)
+            except (ProcessLookupError, psutil.Error, PermissionError):
+                continue
+        return out
+
+    def worker_pids(self) -> list[int]:
+        """Live worker processes (not multiprocessing's resource tracker, which the spawn method starts)."""
+        out = []
+        for p in self.group():
+            try:
+                if "spawn_main" in " ".join(p.cmdline()):
+                    out.append(p.pid)
+            except psutil.Error:
+                pass
+        return out
+
+    def send_signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"broker did not stop within {timeout}s:\n{self.log()}")
+        return code
+
+    def kill(self) -> None:
+        """Kill everything in the broker's session, whatever state it is in."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for p in self.group():
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def close(self) -> None:
+        """Teardown: stop, then make sure nothing of it is left."""
+        if self.proc is None:
+            return
+        try:
+            if self.proc.poll() is None:
+                self.stop()
+        finally:
+            leftovers = wait_gone(self.group, 10)
+            self.kill()
+            self._log.close()
+            assert not leftovers, f"processes left behind: {leftovers}"
+
+    # -- talking to it --------------------------------------------------------------------------------------
+    @property
+    def port(self) -> int:
+        return self.ports["ndjson"]
+
+    def http(self, path: str) -> tuple[int, dict]:
+        url = f"http://127.0.0.1:{self.ports['monitoring']}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
+    def varz(self) -> dict:
+        return self.http("/varz")[1]
+
+    def runtime_dir(self) -> str:
+        m = re.search(r"runtime directory (\S+)", self.log())
+        return m.group(1) if m else ""
+
+
+def wait_gone(list_fn, timeout: float) -> list:
+    deadline = time.monotonic() + timeout
+    left = list_fn()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = list_fn()
+    return left
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+class Raw:
+    """A raw TCP client for byte-exact protocol tests."""
+
+    def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 5.0) -> None:
+        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = b""
+        self.timeout = timeout
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def line(self, timeout: float | None = None) -> bytes:
+        """The next line, with its terminator."""
+        deadline = time.monotonic() + (timeout or self.timeout)
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no complete line; have {self.buf[:200]!r}")
+            self.sock.settimeout(left)
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError(f"closed; have {self.buf[:200]!r}")
+            self.buf += data
+        line, _, self.buf = self.buf.partition(b"\n")
+        return line + b"\n"
+
+    def json(self, timeout: float | None = None) -> dict:
+        return json.loads(self.line(timeout))
+
+    def request(self, obj: dict) -> dict:
+        self.send(json.dumps(obj).encode() + b"\n")
+        return self.json()
+
+    def nothing(self, wait: float = 0.3) -> bool:
+        """True if nothing arrives within ``wait`` seconds."""
+        if self.buf:
+            return False
+        self.sock.settimeout(wait)
+        try:
+            data = self.sock.recv(65536)
+        except socket.timeout:
+            return True
+        self.buf += data
+        return False
+
+    def closed(self, timeout: float = 5.0) -> bool:
+        """True once the server has closed the connection (reading and discarding anything before it)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                data = self.sock.recv(65536)
+            except socket.timeout:
+                return False
+            except ConnectionResetError:
+                return True
+            if not data:
+                return True
+            self.buf += data
+        return False
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> "Raw":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,220 @@
+"""The multiprocess cluster: delivery across workers, order, wildcards, the shard map, replacing workers."""
+
+import asyncio
+import os
+import signal
+import time
+import zlib
+
+import pytest
+
+from cli.client import AsyncClient
+from harness import Raw, pid_alive
+
+
+async def spread(port: int, workers: int, per_worker: int) -> dict[int, list[AsyncClient]]:
+    """Open connections until each worker holds ``per_worker`` of them (extra ones are closed)."""
+    by_worker: dict[int, list[AsyncClient]] = {w: [] for w in range(workers)}
+    extra = []
+    while any(len(v) < per_worker for v in by_worker.values()):
+        c = await AsyncClient.connect("127.0.0.1", port)
+        w = (await c.info())["worker"]
+        (by_worker[w] if len(by_worker[w]) < per_worker else extra).append(c)
+        assert len(extra) < 64, "the acceptor does not spread connections over the workers"
+    for c in extra:
+        await c.close()
+    return by_worker
+
+
+def test_cross_worker_delivery_and_per_publisher_order(start_broker):
+    b = start_broker(workers=4)
+
+    async def run():
+        clients = await spread(b.port, 4, 2)
+        subs = [cs[0] for cs in clients.values()]          # one subscriber on every worker
+        pubs = [cs[1] for cs in clients.values()]          # one publisher on every worker
+        for s in subs:
+            await s.sub("order.>")
+        per_pub = 2500                                     # 4 x 2500 = 10,000 messages
+        for i, p in enumerate(pubs):
+            for n in range(per_pub):
+                await p.pub(f"order.p{i}", n, wait=False)
+        for p in pubs:
+            await p.ping()                                 # every publish before it was processed
+        for s in subs:
+            seen = {i: [] for i in range(len(pubs))}
+            for _ in range(per_pub * len(pubs)):
+                m = await s.next_message(timeout=20)
+                seen[int(m.topic[len("order.p"):])].append(m.data)
+            for i, got in seen.items():
+                assert got == list(range(per_pub)), f"publisher {i} out of order or lossy"
+            with pytest.raises(TimeoutError):
+                await s.next_message(timeout=0.2)
+        for cs in clients.values():
+            for c in cs:
+                await c.close()
+
+    asyncio.run(run())
+    varz = b.varz()
+    assert varz["fabric_lost_frames"] == 0 and varz["fabric_lost_messages"] == 0
+    assert varz["in_msgs"] == 10_000
+    assert varz["out_msgs"] == 40_000
+
+
+def test_wildcard_subscriptions_across_workers(start_broker):
+    b = start_broker(workers=3)
+    patterns = ["chat.*", "chat.>", "*.room1", ">", "chat.room1", "chat.*.x", "other"]
+
+    async def run():
+        clients = await spread(b.port, 3, 3)
+        flat = [c for cs in clients.values() for c in cs]
+        subs = dict(zip(patterns, flat))
+        for pattern, c in subs.items():
+            await c.sub(pattern)
+        publisher = flat[-1]
+        subjects = ["chat.room1", "chat", "chat.room1.x", "lobby.room1", "other", "chat.a.x", "chat.a.y.x"]
+        for s in subjects:
+            await publisher.pub(s, s)
+        expected = {
+            "chat.*": ["chat.room1"],
+            "chat.>": ["chat.room1", "chat.room1.x", "chat.a.x", "chat.a.y.x"],
+            "*.room1": ["chat.room1", "lobby.room1"],
+            ">": subjects,
+            "chat.room1": ["chat.room1"],
+            "chat.*.x": ["chat.room1.x", "chat.a.x"],
+            "other": ["other"],
+        }
+        for pattern, c in subs.items():
+            got = []
+            while True:
+                try:
+                    got.append((await c.next_message(timeout=0.5)).topic)
+                except TimeoutError:
+                    break
+            assert got == expected[pattern], pattern
+        for c in flat:
+            await c.close()
+
+    asyncio.run(run())
+
+
+def test_subscription_is_in_force_on_every_worker_when_ok_arrives(start_broker):
+    """No sleep between sub and pub: the ok of a sub means a publish from any worker reaches it."""
+    b = start_broker(workers=4)
+
+    async def run():
+        clients = await spread(b.port, 4, 1)
+        conns = [cs[0] for cs in clients.values()]
+        for round_ in range(50):
+            sub, pub = conns[round_ % 4], conns[(round_ + 1) % 4]
+            topic = f"fresh.{round_}"
+            await sub.sub(topic)
+            await pub.pub(topic, round_)
+            assert (await sub.next_message(timeout=5)).data == round_
+        for c in conns:
+            await c.close()
+
+    asyncio.run(run())
+
+
+def test_subject_owner_keeps_counters(start_broker):
+    b = start_broker(workers=3)
+
+    async def run():
+        clients = await spread(b.port, 3, 1)
+        for w, cs in clients.items():
+            for n in range(w + 1):
+                await cs[0].pub("counted.subject", "x" * 10)
+        for cs in clients.values():
+            await cs[0].close()
+
+    asyncio.run(run())
+    owner = zlib.crc32(b"counted.subject") % 3
+    deadline = time.monotonic() + 10
+    while True:
+        rows = b.http("/topicz?subject=counted.subject")[1]["subjects"]
+        if rows and rows[0]["msgs"] == 6:
+            break
+        assert time.monotonic() < deadline, rows
+        time.sleep(0.2)
+    assert rows[0]["owner"] == owner
+    assert rows[0]["bytes"] == 6 * len(b'"xxxxxxxxxx"')
+
+
+def test_killed_worker_is_replaced_and_other_clients_keep_receiving(start_broker):
+    b = start_broker(workers=4)
+
+    async def run():
+        clients = await spread(b.port, 4, 2)
+        victim = 2
+        victim_pid = (await clients[victim][0].info())["pid"]
+        survivors = [w for w in clients if w != victim]
+        for w in clients:
+            await clients[w][0].sub("live.feed")
+        publisher = clients[survivors[0]][1]
+        await publisher.pub("live.feed", "before")
+        for w in clients:
+            assert (await clients[w][0].next_message(timeout=5)).data == "before"
+
+        mark = len(b.log())
+        os.kill(victim_pid, signal.SIGKILL)
+        with pytest.raises(ConnectionError):
+            await clients[victim][0].next_message(timeout=5)
+        # Survivors keep receiving, while the worker is being replaced and after.
+        for n in range(20):
+            await publisher.pub("live.feed", n)
+            await asyncio.sleep(0.02)
+        for w in survivors:
+            assert [(await clients[w][0].next_message(timeout=5)).data for _ in range(20)] == list(range(20))
+        b.wait_log(rf"worker {victim} is back \(pid (\d+)\)", timeout=10, after=mark)
+        assert not pid_alive(victim_pid)
+
+        # The replacement takes connections (it has the fewest) and is part of the fabric again.
+        newcomer = await AsyncClient.connect("127.0.0.1", b.port)
+        info = await newcomer.info()
+        assert info["worker"] == victim and info["pid"] != victim_pid
+        await newcomer.sub("live.feed")
+        await publisher.pub("live.feed", "after")
+        assert (await newcomer.next_message(timeout=5)).data == "after"
+        await newcomer.pub("live.feed", "from-new")
+        for w in survivors:
+            got = [(await clients[w][0].next_message(timeout=5)).data for _ in range(2)]
+            assert got == ["after", "from-new"]
+        for cs in clients.values():
+            for c in cs:
+                await c.close()
+        await newcomer.close()
+
+    asyncio.run(run())
+    assert b.varz()["worker_count"] == 4
+
+
+def test_unresponsive_worker_is_killed_and_replaced(start_broker):
+    b = start_broker(workers=2, config={"workers": {"heartbeat_timeout": 2}})
+    with Raw(b.port) as c:
+        c.request({"op": "info"})
+    stuck = b.pids[1]
+    mark = len(b.log())
+    os.kill(stuck, signal.SIGSTOP)  # its event loop stops: no more heartbeats
+    b.wait_log(r"worker 1 \(pid %d\) sent no heartbeat" % stuck, timeout=15, after=mark)
+    b.wait_log(r"worker 1 is back", timeout=15, after=mark)
+    assert not pid_alive(stuck)
+    with Raw(b.port) as s, Raw(b.port) as p:
+        s.request({"op": "sub", "topic": "after.stall"})
+        p.request({"op": "pub", "topic": "after.stall", "data": 1})
+        assert s.json() == {"topic": "after.stall", "data": 1}
+
+
+def test_two_brokers_on_one_host_do_not_collide(start_broker):
+    one = start_broker(workers=2)
+    two = start_broker(workers=2)
+    assert one.runtime_dir() and one.runtime_dir() != two.runtime_dir()
+    with Raw(one.port) as s1, Raw(two.port) as s2, Raw(one.port) as p1:
+        s1.request({"op": "sub", "topic": "same.topic"})
+        s2.request({"op": "sub", "topic": "same.topic"})
+        for _ in range(4):  # publish from connections on both workers of broker one
+            with Raw(one.port) as p:
+                p.request({"op": "pub", "topic": "same.topic", "data": "one"})
+        p1.request({"op": "ping"})
+        assert [s1.json()["data"] for _ in range(4)] == ["one"] * 4
+        assert s2.nothing(0.5)

@@ -1,0 +1,166 @@
+"""The pure modules, without a broker: subject rules, the trie, frames, codecs, configuration."""
+
+import random
+
+import pytest
+
+from cluster import config as cfgmod
+from cluster import control
+from router import frames
+from router.shardmap import owner
+from router.subjects import covers, is_valid_literal, is_valid_pattern
+from router.sublist import Sublist
+from workers import ndjson_codec as codec
+from workers.message import KIND_JSON, KIND_RAW
+
+
+@pytest.mark.parametrize("subject,pattern_ok,literal_ok", [
+    ("foo", True, True), ("foo.bar", True, True), ("foo.*", True, False), ("foo.>", True, False),
+    (">", True, False), ("*", True, False), ("f*o.b>r", True, True), ("", False, False), (".foo", False, False),
+    ("foo.", False, False), ("foo..bar", False, False), ("foo.>.bar", False, False), ("foo bar", False, False),
+    ("foo\tbar", False, False), ("foo\nbar", False, False), ("caf\u00e9.\u2603", True, True),
+])
+def test_subject_syntax(subject, pattern_ok, literal_ok):
+    assert is_valid_pattern(subject, 4096) is pattern_ok
+    assert is_valid_literal(subject, 4096) is literal_ok
+
+
+def test_subject_length_limit():
+    assert is_valid_literal("a" * 10, 10)
+    assert not is_valid_literal("a" * 11, 10)
+
+
+MATCH_CASES = [
+    ("foo.bar", "foo.bar", True), ("foo.*", "foo.bar", True), ("foo.*", "foo.bar.baz", False),
+    ("foo.*", "foo", False), ("foo.>", "foo.bar.baz", True), ("foo.>", "foo", False), (">", "a", True),
+    (">", "a.b.c", True), ("*.bar", "foo.bar", True), ("*.*", "a", False), ("*.>", "a.b", True),
+    ("*.>", "a", False), ("a.*.c", "a.b.c", True), ("a.*.c", "a.b.d", False), ("foo", "foo.bar", False),
+]
+
+
+@pytest.mark.parametrize("pattern,subject,matches", MATCH_CASES)
+def test_sublist_matching(pattern, subject, matches):
+    sl = Sublist()
+    sl.insert(pattern, "v")
+    assert (sl.match(subject) == ["v"]) is matches
+    assert covers(pattern, subject) is matches
+
+
+def test_sublist_agrees_with_reference_matcher_on_random_patterns():
+    rng = random.Random(7)
+    toks = ["a", "b", "c"]
+    patterns = {".".join(rng.choice(toks + ["*"]) for _ in range(rng.randint(1, 3))) for _ in range(60)}
+    patterns |= {p + ".>" for p in list(patterns)[:20]} | {">"}
+    sl = Sublist()
+    for p in patterns:
+        sl.insert(p, p)
+    for _ in range(300):
+        subject = ".".join(rng.choice(toks) for _ in range(rng.randint(1, 4)))
+        assert sorted(sl.match(subject)) == sorted(p for p in patterns if covers(p, subject)), subject
+
+
+def test_sublist_remove_prunes_and_counts():
+    sl = Sublist()
+    assert sl.insert("a.b.c", 1) and not sl.insert("a.b.c", 1)
+    sl.insert("a.*.c", 2)
+    sl.insert("a.>", 3)
+    gen = sl.generation
+    assert len(sl) == 3
+    assert sl.remove("a.b.c", 1) and not sl.remove("a.b.c", 1) and not sl.remove("x.y", 1)
+    assert sl.generation > gen
+    assert sorted(sl.match("a.b.c")) == [2, 3]
+    sl.remove("a.*.c", 2)
+    sl.remove("a.>", 3)
+    assert len(sl) == 0 and sl._root.empty()
+    assert sorted(sl.patterns()) == []
+
+
+def test_sublist_patterns_snapshot():
+    sl = Sublist()
+    for p in ["a", "a.b", "a.*", "a.>", ">", "*.x"]:
+        sl.insert(p, p)
+    assert sorted(p for p, _ in sl.patterns()) == sorted(["a", "a.b", "a.*", "a.>", ">", "*.x"])
+
+
+def test_shard_owner_is_crc32_mod_n_and_stable():
+    import zlib
+    for s in ["a", "chat.room1", "caf\u00e9"]:
+        assert owner(s, 7) == zlib.crc32(s.encode()) % 7
+    # CRC-32 is fixed by its standard: the map is the same on every machine, in every run, in every release.
+    assert zlib.crc32(b"chat.room1") == 0x257009d5
+    assert owner("chat.room1", 4) == 1 and owner("chat.room1", 8) == 5
+
+
+def test_frames_round_trip():
+    msgs = [("a.b", KIND_JSON, b'"x"', None, None), ("c", KIND_RAW, b"\x00\xff", "inbox.1", b"NATS/1.0\r\n\r\n")]
+    ctrl = [("+", "a.*"), ("cnt", [("a.b", 3, 9)])]
+    frame = frames.encode(5, 2, 9, 17, 100, 4, msgs, ctrl)
+    assert frame.startswith(frames.prefix(5))
+    assert frames.decode(frame) == (2, 9, 17, 100, 4, msgs, ctrl)
+    ack_only = frames.encode(1, 0, 3, 0, 0, 12, [], [])
+    assert len(ack_only) == frames.HEADER_SIZE
+    assert frames.decode(ack_only) == (0, 3, 0, 0, 12, [], [])
+    with pytest.raises(ValueError):
+        frames.decode(b"\x00\x01")
+    with pytest.raises(ValueError):
+        frames.decode(frame[:frames.HEADER_SIZE] + b"\xff\xfe")
+
+
+@pytest.mark.parametrize("tail,data,max_line,lines,rest", [
+    (b"", b"a\nb\n", 10, [b"a", b"b"], b""),
+    (b"", b"a\nb", 10, [b"a"], b"b"),
+    (b"x", b"y\n", 10, [b"xy"], b""),
+    (b"", b"\n", 10, [b""], b""),
+    (b"", b"abc", 10, [], b"abc"),
+    (b"", b"a" * 11, 10, [None], b""),
+    (b"", b"ok\n" + b"a" * 11 + b"\nnext\n", 10, [b"ok", None], b""),
+    (b"", b"ok\n" + b"a" * 11, 10, [b"ok", None], b""),
+    (b"", b"a" * 10 + b"\n", 10, [b"a" * 10], b""),
+])
+def test_ndjson_split_lines(tail, data, max_line, lines, rest):
+    assert codec.split_lines(tail, data, max_line) == (lines, rest)
+
+
+def test_ndjson_exact_data_encoding():
+    line = b'{"op":"pub","topic":"t","data":[123456789012345678901234567890, 1.5, "s"]}'
+    req = codec.parse(line)
+    assert codec.encode_data(line, req["data"]) == b'[123456789012345678901234567890,1.5,"s"]'
+    line = b'{"op":"pub","topic":"t","data":-98765432109876543210}'
+    assert codec.encode_data(line, codec.parse(line)["data"]) == b"-98765432109876543210"
+    assert codec.encode_data(b"", "x") == b'"x"'
+
+
+def test_ndjson_delivery_of_raw_payloads():
+    prefix = codec.delivery_prefix("t")
+    assert codec.delivery(prefix, KIND_RAW, b"hi", None, None) == b'{"topic":"t","data":"hi"}\n'
+    assert codec.delivery(prefix, KIND_RAW, b"\xff", None, None) == \
+        b'{"topic":"t","data":"/w==","encoding":"base64"}\n'
+    assert codec.delivery(prefix, KIND_JSON, b"1", "r.1", None) == b'{"topic":"t","data":1,"reply":"r.1"}\n'
+
+
+def test_control_messages_are_chunked_and_reassembled():
+    big = {"k": "reply", "data": "x" * (3 * control.CHUNK + 5)}
+    datagrams = control.encode(big)
+    assert len(datagrams) == 4 and all(len(d) <= control.CHUNK + 1 for d in datagrams)
+    r = control.Reassembler()
+    assert [r.feed(d) for d in datagrams] == [None, None, None, big]
+    assert r.feed(control.encode({"k": "hb"})[0]) == {"k": "hb"}
+
+
+def test_config_defaults_and_overrides(tmp_path):
+    c = cfgmod.load(None)
+    assert (c.network.bind, c.network.port) == ("127.0.0.1", 8080)
+    assert c.limits.max_line_bytes == 1 << 20 and c.limits.max_pending_bytes == 8 << 20
+    assert c.shutdown.grace_period == 5.0 and c.workers.count == "auto"
+    p = tmp_path / "c.json"
+    p.write_text('{"network": {"port": 9000}, "workers": {"count": 3}}')
+    c = cfgmod.load(str(p), {"network.port": 0, "limits.max_line_bytes": 2048})
+    assert c.network.port == 0 and c.workers.resolved_count() == 3 and c.limits.max_line_bytes == 2048
+    assert c.source == str(p)
+
+
+def test_config_security_rules():
+    with pytest.raises(cfgmod.ConfigError, match="admin_user.username: must be set"):
+        cfgmod.load(None, {"security.enabled": True})
+    with pytest.raises(cfgmod.ConfigError, match=r"users\[0\]: give password or password_hash, not both"):
+        cfgmod.load(None, {"security.users": [{"username": "u", "password": "a", "password_hash": "b"}]})

@@ -1,0 +1,179 @@
+"""What every client connection has, whatever its protocol: an outbound queue, its bound, and its life cycle.
+
+Writes are queued (``send``) and leave once per event-loop turn (``flush``, one ``writelines``), driven by the hub,
+or earlier when a burst reaches ``flush_at``.  What the transport still holds after a write is what the client has
+not read; past ``limits.max_pending_bytes`` the client is a slow consumer and is disconnected at once, so that
+nobody waits for it and the worker's memory stays bounded (by the limit plus one burst).  Reading is paused, never blocked, for two reasons that may
+overlap: a subscription being propagated to other workers, and fabric congestion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import struct
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .hub import Hub, Subscription
+
+log = logging.getLogger("broker.conn")
+
+PAUSE_SYNC = 1
+PAUSE_FABRIC = 2
+_LINGER_RESET = struct.pack("ii", 1, 0)
+LINGER = 2.0  # seconds a closing connection waits for the client's own close once its output has drained
+
+
+class Connection(asyncio.Protocol):
+    protocol = "?"
+
+    def __init__(self, hub: "Hub", cid: int) -> None:
+        self.hub = hub
+        self.cid = cid
+        self.transport: asyncio.Transport | None = None
+        self.peer: tuple[str, int] = ("", 0)
+        self.subs: dict[str, "Subscription"] = {}
+        self.out: list[bytes] = []
+        self.out_bytes = 0
+        self.max_pending = hub.limits.max_pending_bytes
+        self.flush_at = min(256 * 1024, self.max_pending // 4)
+        self.dirty = False
+        self.closed = False
+        self._paused = 0
+        self.msgs_in = self.bytes_in = self.msgs_out = self.bytes_out = 0
+
+    # -- asyncio.Protocol -----------------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer = transport.get_extra_info("peername")
+        if peer:
+            self.peer = (peer[0], peer[1])
+        self.hub.register(self)
+        self.opened()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.out = []
+        self.hub.unregister(self)
+
+    def opened(self) -> None:
+        """Hook for sessions that greet their client."""
+
+    # -- outbound -------------------------------------------------------------------------------------------
+    def send(self, data: bytes) -> None:
+        if self.closed:
+            return
+        self.out.append(data)
+        self.out_bytes += len(data)
+        if self.out_bytes >= self.flush_at:
+            # A burst (one turn may process many fabric frames): hand it to the kernel now, so that what stays
+            # pending is what the client has not read, not what this turn happened to produce.
+            self.flush()
+        elif not self.dirty:
+            self.dirty = True
+            self.hub.mark_dirty(self)
+
+    def deliver(self, data: bytes) -> None:
+        """``send`` for a message delivery, which is what the out counters count."""
+        self.msgs_out += 1
+        self.bytes_out += len(data)
+        self.send(data)
+
+    def flush(self) -> None:
+        self.dirty = False
+        if self.closed or not self.out:
+            return
+        out, self.out = self.out, []
+        self.out_bytes = 0
+        self.transport.writelines(out)
+        if self.transport.get_write_buffer_size() > self.max_pending:
+            self.hub.slow_consumer(self)
+            self.abort()
+
+    @property
+    def pending_bytes(self) -> int:
+        if self.closed or self.transport is None:
+            return 0
+        return self.out_bytes + self.transport.get_write_buffer_size()
+
+    # -- reading --------------------------------------------------------------------------------------------
+    def pause(self, reason: int) -> None:
+        if not self._paused and not self.closed:
+            self.transport.pause_reading()
+        self._paused |= reason
+
+    def resume(self, reason: int) -> None:
+        was = self._paused
+        self._paused &= ~reason
+        if was and not self._paused and not self.closed:
+            self.transport.resume_reading()
+
+    def pause_for_fabric(self) -> None:
+        self.pause(PAUSE_FABRIC)
+        self.hub.paused.add(self)
+
+    def resume_for_fabric(self) -> None:
+        self.resume(PAUSE_FABRIC)
+
+    # -- closing --------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Send what is queued, then close without losing it.
+
+        Closing a socket that still has unread input makes the kernel send RST, and the client's kernel then
+        throws away whatever it had not yet read, replies included.  So: flush, half-close (FIN after the
+        buffered bytes), keep reading and discarding until the client closes too, and only then close, or once
+        the output has drained and ``LINGER`` seconds have passed.
+        """
+        if self.closed:
+            return
+        self.flush()
+        self.closed = True
+        transport = self.transport
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()
+        if self._paused:
+            self._paused = 0
+            transport.resume_reading()
+        self.hub.loop.call_later(LINGER, self._linger_over)
+
+    def _linger_over(self) -> None:
+        transport = self.transport
+        if transport.is_closing():
+            return
+        if transport.get_write_buffer_size():
+            self.hub.loop.call_later(LINGER, self._linger_over)  # still sending: the client is reading
+        else:
+            transport.abort()
+
+    def abort(self) -> None:
+        """Close now, dropping what is queued, here and in the kernel (RST: a slow consumer's socket buffers
+        would otherwise keep megabytes trickling out to it after the close)."""
+        if self.transport is None:
+            return
+        self.closed = True
+        self.out = []
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+            except OSError:
+                pass
+        self.transport.abort()
+
+    def may_receive(self, subject: str) -> bool:
+        """Whether deliveries on ``subject`` may reach this connection (permissions hook)."""
+        return True
+
+    def info(self) -> dict:
+        return {
+            "cid": self.cid, "ip": self.peer[0], "port": self.peer[1], "protocol": self.protocol,
+            "subscriptions": len(self.subs), "in_msgs": self.msgs_in, "in_bytes": self.bytes_in,
+            "out_msgs": self.msgs_out, "out_bytes": self.bytes_out, "pending_bytes": self.pending_bytes,
+        }

@@ -1,0 +1,353 @@
+"""The core of one worker: who is subscribed to what, where a message goes, and when bytes leave.
+
+- Local subscriptions live in a trie; the patterns other workers are interested in live in another.  A publish is
+  matched once per subject and the result (a ``Route``) is cached until the next change of either trie or of a
+  permission: the generation counter moves and the cache is dropped whole.
+- Delivery queues, it does not write: a delivery is encoded once for all its subscribers and appended to each
+  subscriber's outbound list; messages for other workers are appended to the fabric's per-destination batch.  At the
+  end of the event-loop turn ``flush`` sends one fabric frame per destination and one ``writelines`` per touched
+  connection.
+- A new subscription pattern is announced to every other worker over the fabric, and the subscriber is told
+  ``ok`` only once every worker has processed the announcement: after ``ok``, a publish anywhere reaches it.
+- The owner of a subject (``router.shardmap``) keeps its counters: every worker counts what its clients publish
+  and ships the counts to the owner once a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Callable
+
+from router import shardmap
+from router.fabric import Fabric
+from router.sublist import Sublist
+
+from . import ndjson_codec
+from .shardstate import SubjectTable
+
+if TYPE_CHECKING:
+    from cluster.config import Config
+    from .connection import Connection
+
+log = logging.getLogger("broker.hub")
+
+_ROUTE_CACHE_MAX = 65536
+
+# Fabric control items (besides the fabric's own hello): interest changes, snapshots, subject counters, and the
+# end of a worker's traffic when it stops.
+_INTEREST_ADD, _INTEREST_DEL, _INTEREST_SNAPSHOT, _COUNTERS, _FIN = "+", "-", "snap", "cnt", "fin"
+
+
+class Subscription:
+    __slots__ = ("conn", "subject", "sid", "queue")
+
+    def __init__(self, conn: "Connection", subject: str, sid: str, queue: str | None = None) -> None:
+        self.conn = conn
+        self.subject = subject
+        self.sid = sid
+        self.queue = queue
+
+
+class Route:
+    """Where a message to one literal subject goes, as of one generation of the tries."""
+
+    __slots__ = ("subject", "ndjson", "remote", "owner", "prefix", "msgs", "bytes")
+
+    def __init__(self, subject: str, ndjson: tuple, remote: tuple[int, ...], owner: int) -> None:
+        self.subject = subject
+        self.ndjson = ndjson          # NDJSON connections, one entry per connection however many patterns match
+        self.remote = remote          # workers with a matching subscriber
+        self.owner = owner
+        self.prefix = ndjson_codec.delivery_prefix(subject)
+        self.msgs = 0                 # published here since the last counter shipment
+        self.bytes = 0
+
+
+class Hub:
+    def __init__(self, index: int, workers: int, config: "Config") -> None:
+        self.index = index
+        self.workers = workers
+        self.config = config
+        self.limits = config.limits
+        self.loop = asyncio.get_running_loop()
+        self.fabric: Fabric | None = None
+
+        self.local = Sublist()
+        self._local_refs: dict[str, int] = {}
+        self._announcing: dict[str, int] = {}
+        self.remote = Sublist()
+        self._remote_by_peer: dict[int, set[str]] = {p: set() for p in range(workers) if p != index}
+        self.routes: dict[str, Route] = {}
+        self.generation = 0
+
+        self._dirty: list["Connection"] = []
+        self._flush_scheduled = False
+        self._counted: list[Route] = []
+        self.owned = SubjectTable(config.limits.max_tracked_subjects)
+
+        self._fins: set[int] = set()
+        self._fins_changed: asyncio.Event | None = None
+        self.conns: dict[int, "Connection"] = {}
+        self.paused: set["Connection"] = set()
+        self.congested = False
+        self.closed_since_report = 0
+        self.started = time.time()
+        self.msgs_in = self.bytes_in = self.msgs_out = self.bytes_out = 0
+        self.slow_consumers = 0
+        self.total_connections = 0
+
+    # -- connections ----------------------------------------------------------------------------------------
+    def register(self, conn: "Connection") -> None:
+        self.conns[conn.cid] = conn
+        self.total_connections += 1
+
+    def unregister(self, conn: "Connection") -> None:
+        if self.conns.pop(conn.cid, None) is None:
+            return
+        for sub in list(conn.subs.values()):
+            self.unsubscribe(sub)
+        conn.subs.clear()
+        self.paused.discard(conn)
+        self.msgs_out += conn.msgs_out
+        self.bytes_out += conn.bytes_out
+        self.closed_since_report += 1
+
+    def slow_consumer(self, conn: "Connection") -> None:
+        self.slow_consumers += 1
+        log.warning("slow consumer: cid %d had more than %d bytes pending; closing it",
+                    conn.cid, self.limits.max_pending_bytes)
+
+    # -- subscriptions --------------------------------------------------------------------------------------
+    def _invalidate(self) -> None:
+        self.generation += 1
+        self.routes = {}
+
+    def subscribe(self, sub: Subscription, on_synced: Callable[[], None]) -> bool:
+        """Add ``sub``.  True if it is in force on every worker now; otherwise ``on_synced`` is called once it is."""
+        pattern = sub.subject
+        self.local.insert(pattern, sub)
+        self._invalidate()
+        n = self._local_refs.get(pattern, 0)
+        self._local_refs[pattern] = n + 1
+        fabric = self.fabric
+        if fabric is None or not fabric.links:
+            return True
+        if n == 0:
+            fabric.broadcast_control((_INTEREST_ADD, pattern))
+        elif pattern not in self._announcing:
+            return True
+        # Wait for the announcement (ours, or the one still in flight for an earlier subscriber).
+        self._announcing[pattern] = self._announcing.get(pattern, 0) + 1
+
+        def synced() -> None:
+            left = self._announcing[pattern] - 1
+            if left:
+                self._announcing[pattern] = left
+            else:
+                del self._announcing[pattern]
+            on_synced()
+
+        fabric.when_processed(synced)
+        self.schedule_flush()
+        return False
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        pattern = sub.subject
+        if not self.local.remove(pattern, sub):
+            return
+        self._invalidate()
+        n = self._local_refs[pattern] - 1
+        if n:
+            self._local_refs[pattern] = n
+            return
+        del self._local_refs[pattern]
+        if self.fabric is not None and self.fabric.links:
+            self.fabric.broadcast_control((_INTEREST_DEL, pattern))
+            self.schedule_flush()
+
+    def subscription_changed(self) -> None:
+        """Something that filters deliveries (a permission) changed: routes must be recomputed."""
+        self._invalidate()
+
+    # -- routing and delivery -------------------------------------------------------------------------------
+    def route_for(self, subject: str) -> Route:
+        """The route of a subject the caller has validated; cached until the next generation."""
+        ndjson: dict["Connection", None] = {}
+        for sub in self.local.match(subject):
+            conn = sub.conn
+            if conn.protocol == "ndjson" and conn.may_receive(subject):
+                ndjson[conn] = None
+        remote = tuple(sorted(set(self.remote.match(subject))))
+        route = Route(subject, tuple(ndjson), remote, shardmap.owner(subject, self.workers))
+        if len(self.routes) >= _ROUTE_CACHE_MAX:
+            self.routes = {}
+        self.routes[subject] = route
+        return route
+
+    def publish(self, route: Route, kind: int, payload: bytes, reply: str | None, headers: bytes | None) -> None:
+        """A client of this worker published: deliver here, forward to interested workers, count."""
+        n = len(payload)
+        self.msgs_in += 1
+        self.bytes_in += n
+        if not route.msgs:
+            self._counted.append(route)
+        route.msgs += 1
+        route.bytes += n
+        if route.ndjson:
+            line = ndjson_codec.delivery(route.prefix, kind, payload, reply, headers)
+            for conn in route.ndjson:
+                conn.deliver(line)
+        if route.remote:
+            msg = (route.subject, kind, payload, reply, headers)
+            send = self.fabric.send
+            for w in route.remote:
+                send(w, msg)
+            self.schedule_flush()
+
+    def _deliver_remote(self, messages: list) -> None:
+        routes = self.routes
+        for subject, kind, payload, reply, headers in messages:
+            route = routes.get(subject)
+            if route is None:
+                route = self.route_for(subject)
+                routes = self.routes
+            if route.ndjson:
+                line = ndjson_codec.delivery(route.prefix, kind, payload, reply, headers)
+                for conn in route.ndjson:
+                    conn.deliver(line)
+
+    # -- end of turn ----------------------------------------------------------------------------------------
+    def mark_dirty(self, conn: "Connection") -> None:
+        self._dirty.append(conn)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self.fabric is not None:
+            self.fabric.flush()
+        dirty, self._dirty = self._dirty, []
+        for conn in dirty:
+            conn.flush()
+
+    def flush_now(self) -> None:
+        self._flush()
+
+    # -- fabric handler -------------------------------------------------------------------------------------
+    def on_messages(self, src: int, messages: list) -> None:
+        self._deliver_remote(messages)
+
+    def on_control(self, src: int, item: tuple) -> None:
+        kind = item[0]
+        if kind == _INTEREST_ADD:
+            if self.remote.insert(item[1], src):
+                self._remote_by_peer[src].add(item[1])
+                self._invalidate()
+        elif kind == _INTEREST_DEL:
+            if self.remote.remove(item[1], src):
+                self._remote_by_peer[src].discard(item[1])
+                self._invalidate()
+        elif kind == _INTEREST_SNAPSHOT:
+            self._drop_peer_interest(src)
+            for pattern in item[1]:
+                self.remote.insert(pattern, src)
+            self._remote_by_peer[src] = set(item[1])
+        elif kind == _COUNTERS:
+            self.owned.merge(item[1])
+        elif kind == _FIN:
+            self._fins.add(src)
+            if self._fins_changed is not None:
+                self._fins_changed.set()
+        else:
+            log.error("unknown fabric control item %r from worker %d", kind, src)
+
+    def on_peer_hello(self, src: int) -> None:
+        self.fabric.control(src, (_INTEREST_SNAPSHOT, list(self._local_refs)))
+
+    def on_peer_reset(self, src: int) -> None:
+        self._drop_peer_interest(src)
+        if self._fins_changed is not None:
+            self._fins_changed.set()  # a dead peer will send no fin: stop waiting for it
+
+    def _drop_peer_interest(self, src: int) -> None:
+        patterns = self._remote_by_peer.get(src)
+        if patterns:
+            for pattern in patterns:
+                self.remote.remove(pattern, src)
+            patterns.clear()
+        self._invalidate()
+
+    def on_congestion(self, congested: bool) -> None:
+        self.congested = congested
+        if not congested:
+            paused, self.paused = self.paused, set()
+            for conn in paused:
+                conn.resume_for_fabric()
+
+    async def drain_fabric(self, deadline: float) -> bool:
+        """Stopping, with clients no longer read: tell every peer this worker sends nothing more, and deliver
+        what the peers still send until each has said the same.  Links are FIFO, so a peer's fin comes after
+        all of its messages.  False if the deadline passed first."""
+        fabric = self.fabric
+        if fabric is None or not fabric.links:
+            return True
+        self._fins_changed = asyncio.Event()
+        fabric.broadcast_control((_FIN,))
+        self.schedule_flush()
+        while True:
+            waiting = [p for p in fabric.up_peers() if p not in self._fins]
+            if not waiting:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                log.warning("stopping without the end of traffic from worker(s) %s", waiting)
+                return False
+            self._fins_changed.clear()
+            try:
+                await asyncio.wait_for(self._fins_changed.wait(), left)
+            except TimeoutError:
+                pass
+
+    # -- periodic -------------------------------------------------------------------------------------------
+    def tick(self) -> None:
+        """About once a second: ship subject counters to their owners."""
+        counted, self._counted = self._counted, []
+        by_owner: dict[int, list] = {}
+        for route in counted:
+            by_owner.setdefault(route.owner, []).append((route.subject, route.msgs, route.bytes))
+            route.msgs = route.bytes = 0
+        for owner, items in by_owner.items():
+            if owner == self.index:
+                self.owned.merge(items)
+            else:
+                self.fabric.control(owner, (_COUNTERS, items))
+        if self.fabric is not None:
+            self.fabric.tick()
+
+    def stats(self) -> dict:
+        live = self.conns.values()
+        return {
+            "worker": self.index,
+            "connections": len(self.conns),
+            "total_connections": self.total_connections,
+            "subscriptions": len(self.local),
+            "patterns": len(self._local_refs),
+            "remote_patterns": len(self.remote),
+            "in_msgs": self.msgs_in,
+            "in_bytes": self.bytes_in,
+            "out_msgs": self.msgs_out + sum(c.msgs_out for c in live),
+            "out_bytes": self.bytes_out + sum(c.bytes_out for c in live),
+            "slow_consumers": self.slow_consumers,
+            "route_cache": len(self.routes),
+            "generation": self.generation,
+            "owned_subjects": len(self.owned),
+            "fabric": self.fabric.stats() if self.fabric else {},
+        }

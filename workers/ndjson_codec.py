@@ -1,0 +1,117 @@
+"""Jolt's NDJSON protocol as bytes: framing, request parsing, replies and deliveries.  No sockets here.
+
+Framing: one JSON object per line, ``\\n``-terminated (a ``\\r`` before it is JSON whitespace and ignored).  A line
+longer than the limit is reported as ``None`` in the list of lines, and nothing after it is returned: the session
+answers ``line_too_long`` and closes.
+
+Data pass-through: a ``data`` value is re-encoded by orjson, which is exact for every JSON value except integers
+beyond 64 bits (orjson reads them as floats).  Those are detected cheaply (a float that large, or a run of 19+
+digits in a line whose data is a container) and re-read with the standard library, which keeps them exact.
+"""
+
+from __future__ import annotations
+
+import json
+
+import orjson
+
+from .message import KIND_JSON, as_json
+
+OK = b'{"ok":true}\n'
+
+_DIGITS = bytes.maketrans(b"0123456789", b"9999999999")
+_LONG_DIGIT_RUN = b"9" * 19
+_LOSSY_FLOAT = float(1 << 63)
+
+
+def split_lines(tail: bytes, data: bytes, max_line: int) -> tuple[list[bytes | None], bytes]:
+    """(complete lines, new tail).  A ``None`` entry ends the list: that line exceeded ``max_line``."""
+    if tail:
+        data = tail + data
+    end = data.rfind(b"\n")
+    if end < 0:
+        if len(data) > max_line:
+            return [None], b""
+        return [], data
+    lines: list[bytes | None] = data[:end].split(b"\n")  # type: ignore[assignment]
+    rest = data[end + 1:]
+    if len(data) > max_line:
+        for i, line in enumerate(lines):
+            if len(line) > max_line:  # type: ignore[arg-type]
+                return lines[:i] + [None], b""
+        if len(rest) > max_line:
+            return lines + [None], b""
+    return lines, rest
+
+
+def parse(line: bytes) -> dict | None:
+    """The request on ``line``, or None if it is not a JSON object (bad JSON, bad UTF-8, another JSON type)."""
+    try:
+        req = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    return req if type(req) is dict else None
+
+
+def is_blank(line: bytes) -> bool:
+    return not line.strip()
+
+
+def encode_data(line: bytes, data: object) -> bytes:
+    """The JSON encoding of a request's ``data`` value, exactly as the client wrote it (bar insignificant spaces)."""
+    t = type(data)
+    if t is float:
+        if data >= _LOSSY_FLOAT or data <= -_LOSSY_FLOAT:  # type: ignore[operator]
+            return _exact_data(line)
+    elif (t is dict or t is list) and _LONG_DIGIT_RUN in line.translate(_DIGITS):
+        return _exact_data(line)
+    return orjson.dumps(data)
+
+
+def _exact_data(line: bytes) -> bytes:
+    value = json.loads(line.decode()).get("data")
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def reply(req: dict, error: str | None = None) -> bytes:
+    """``{"ok":true}`` or ``{"ok":false,"error":...}``, echoing the request's ``id`` if it has one."""
+    rid = req.get("id")
+    if error is None:
+        return OK if rid is None else orjson.dumps({"ok": True, "id": rid}) + b"\n"
+    body: dict = {"ok": False, "error": error}
+    if rid is not None:
+        body["id"] = rid
+    return orjson.dumps(body) + b"\n"
+
+
+def error(reason: str) -> bytes:
+    return orjson.dumps({"ok": False, "error": reason}) + b"\n"
+
+
+def reply_with(req: dict, fields: dict) -> bytes:
+    body = {"ok": True, **fields}
+    rid = req.get("id")
+    if rid is not None:
+        body["id"] = rid
+    return orjson.dumps(body) + b"\n"
+
+
+def delivery_prefix(subject: str) -> bytes:
+    return b'{"topic":' + orjson.dumps(subject) + b',"data":'
+
+
+def delivery(prefix: bytes, kind: int, payload: bytes, reply_to: str | None, headers: bytes | None) -> bytes:
+    """A delivery line, built once per message for all its NDJSON subscribers."""
+    if kind == KIND_JSON and reply_to is None and headers is None:
+        return prefix + payload + b"}\n"
+    payload, b64 = as_json(kind, payload)
+    extra: dict = {}
+    if b64:
+        extra["encoding"] = "base64"
+    if reply_to is not None:
+        extra["reply"] = reply_to
+    if headers is not None:
+        extra["headers"] = headers.decode("utf-8", "replace")
+    if not extra:
+        return prefix + payload + b"}\n"
+    return prefix + payload + b"," + orjson.dumps(extra)[1:] + b"\n"

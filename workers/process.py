@@ -1,0 +1,238 @@
+"""A worker process: one event loop, its share of the connections, its shard of the subjects.
+
+Started by the supervisor with the ``spawn`` method (a fresh interpreter: nothing of the supervisor's loop is
+inherited).  Its life:
+
+1. boot: event loop, hub, fabric; hello to every other worker.  Any failure here is reported to the supervisor
+   (``boot_error``) and the process exits with ``EXIT_BOOT_FAILED``, which stops the supervisor instead of making
+   it respawn forever.
+2. ready: adopt the client sockets the supervisor hands over, heartbeat every second from inside the loop (a
+   blocked loop stops the heartbeat and gets the worker replaced).
+3. stop (``stop`` order or SIGTERM): stop reading, send what is already queued to clients, close, exit 0 within the
+   grace period.  SIGINT is ignored: a terminal's Ctrl-C reaches the whole process group, and the supervisor
+   orchestrates the shutdown.
+4. orphaned (the control socket reads EOF: the supervisor is gone, even by SIGKILL): drop every connection,
+   remove the runtime directory, exit at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+
+from cluster import control, runtime
+from cluster.config import Config
+from cluster.logs import setup_logging
+from router.fabric import Fabric
+
+from .hub import Hub
+from .ndjson import NdjsonSession
+
+log = logging.getLogger("broker.worker")
+
+EXIT_BOOT_FAILED = 3
+HEARTBEAT_INTERVAL = 1.0
+
+SESSIONS = {"ndjson": NdjsonSession}
+
+
+def main(index: int, epoch: int, workers: int, config: Config, runtime_dir: str, ctl_sock: socket.socket) -> None:
+    """Entry point of the spawned process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
+    setup_logging(config.logging.level, f"worker {index}")
+    worker = Worker(index, epoch, workers, config, runtime_dir, ctl_sock)
+    try:
+        code = _run(worker.run(), config.workers.event_loop)
+    except Exception:
+        log.exception("worker %d crashed", index)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _run(coro, event_loop: str) -> int:
+    if event_loop in ("auto", "uvloop"):
+        try:
+            import uvloop
+        except ImportError:
+            if event_loop == "uvloop":
+                raise
+        else:
+            return uvloop.run(coro)
+    return asyncio.run(coro)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to send SIGTERM when the supervisor dies: a backstop for a loop too busy to read the EOF."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class Worker:
+    def __init__(self, index: int, epoch: int, workers: int, config: Config, runtime_dir: str,
+                 ctl_sock: socket.socket) -> None:
+        self.index = index
+        self.epoch = epoch
+        self.workers = workers
+        self.config = config
+        self.runtime_dir = runtime_dir
+        self.ctl_sock = ctl_sock
+        self.parent = os.getppid()
+        self.hub: Hub | None = None
+        self.ctl: control.Channel | None = None
+        self._done: asyncio.Future | None = None
+        self._exit_code = 0
+        self._stopping = False
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        self._done = loop.create_future()
+        self.ctl = control.Channel(self.ctl_sock, self._on_control, self._on_control_closed)
+        loop.add_signal_handler(signal.SIGTERM, self._on_sigterm)
+        boot = asyncio.ensure_future(self._boot())
+        await asyncio.wait([boot, self._done], return_when=asyncio.FIRST_COMPLETED)
+        if self._done.done():  # stopped (or orphaned) while booting
+            boot.cancel()
+            return self._done.result()
+        if boot.exception() is not None:  # anything: the supervisor must hear why, then halt
+            exc = boot.exception()
+            log.error("boot failed: %s", exc)
+            self.ctl.send({"k": "boot_error", "error": f"{type(exc).__name__}: {exc}"})
+            await asyncio.sleep(0.1)  # let the report leave
+            return EXIT_BOOT_FAILED
+        self.ctl.send({"k": "ready", "pid": os.getpid()})
+        heartbeat = asyncio.ensure_future(self._heartbeat())
+        code = await self._done
+        heartbeat.cancel()
+        return code
+
+    async def _boot(self) -> None:
+        cfg = self.config
+        self.hub = Hub(self.index, self.workers, cfg)
+        self.hub.fabric = Fabric(self.index, self.workers, self.epoch, self.runtime_dir, self.hub,
+                                 hwm=cfg.fabric.hwm, window_bytes=cfg.fabric.window_bytes,
+                                 stall_timeout=cfg.fabric.stall_timeout)
+        await self.hub.fabric.join(cfg.workers.boot_timeout)
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_INTERVAL)
+            hub = self.hub
+            hub.tick()
+            closed, hub.closed_since_report = hub.closed_since_report, 0
+            self.ctl.send({"k": "hb", "closed": closed, "conns": len(hub.conns)})
+
+    # -- control --------------------------------------------------------------------------------------------
+    def _on_control(self, msg: dict, fds: list[int]) -> None:
+        kind = msg.get("k")
+        if kind == "conn":
+            if not fds:
+                log.error("connection handoff without a file descriptor")
+                return
+            asyncio.ensure_future(self._adopt(msg, fds[0]))
+        elif kind == "stop":
+            self._stop(float(msg.get("grace", self.config.shutdown.grace_period)))
+        elif kind == "peer_down":
+            if self.hub is not None and self.hub.fabric is not None:
+                self.hub.fabric.peer_down(int(msg["w"]), int(msg["epoch"]))
+        elif kind == "stats":
+            self.ctl.send({"k": "reply", "req": msg["req"], "data": self._stats(msg)})
+        else:
+            log.error("unknown control message %r", kind)
+        for fd in fds[1:]:
+            os.close(fd)
+
+    async def _adopt(self, msg: dict, fd: int) -> None:
+        sock = socket.socket(fileno=fd)
+        sock.set_inheritable(False)
+        session = SESSIONS.get(msg.get("p"))
+        if session is None or self._stopping or self.hub is None:
+            sock.close()
+            self.hub.closed_since_report += 1
+            return
+        hub, cid = self.hub, int(msg["cid"])
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(lambda: session(hub, cid), sock)
+        except OSError as exc:
+            log.debug("could not adopt connection %d: %s", cid, exc)
+            sock.close()
+            hub.closed_since_report += 1
+
+    def _stats(self, msg: dict) -> dict:
+        hub = self.hub
+        data = hub.stats()
+        data["pid"] = os.getpid()
+        what = msg.get("what")
+        if what == "conns":
+            data["conns"] = [c.info() | {"subjects": sorted(c.subs)} if msg.get("subs") else c.info()
+                             for c in hub.conns.values()]
+        elif what == "subjects":
+            data["subjects"] = hub.owned.top(int(msg.get("limit", 100)), msg.get("subject"))
+        return data
+
+    def _on_control_closed(self) -> None:
+        if self._stopping:
+            return
+        # The supervisor is gone.  Nobody will hand us work or stop us: leave now, and clean up after it.
+        log.warning("supervisor is gone; exiting")
+        self._stopping = True
+        self._abort_all()
+        runtime.remove(self.runtime_dir)
+        self._finish(0)
+
+    def _on_sigterm(self) -> None:
+        if os.getppid() != self.parent:  # the death signal from the kernel: the supervisor died
+            self._on_control_closed()
+        else:
+            self._stop(self.config.shutdown.grace_period)
+
+    # -- stopping -------------------------------------------------------------------------------------------
+    def _stop(self, grace: float) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        asyncio.ensure_future(self._graceful(grace))
+
+    async def _graceful(self, grace: float) -> None:
+        hub = self.hub
+        deadline = time.monotonic() + grace
+        conns = list(hub.conns.values())
+        for conn in conns:
+            if conn.transport is not None and not conn.closed:
+                conn.transport.pause_reading()
+        hub.flush_now()  # messages already queued for clients and other workers go out
+        await hub.drain_fabric(deadline)  # and those other workers still send to our clients arrive
+        hub.flush_now()
+        for conn in conns:
+            conn.close()
+        while hub.conns and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        if hub.conns:
+            log.warning("grace period over: dropping %d connection(s) with unsent data", len(hub.conns))
+            self._abort_all()
+        self._finish(0)
+
+    def _abort_all(self) -> None:
+        if self.hub is None:
+            return
+        for conn in list(self.hub.conns.values()):
+            conn.abort()
+
+    def _finish(self, code: int) -> None:
+        if self.hub is not None and self.hub.fabric is not None:
+            self.hub.fabric.close()
+        if self._done is not None and not self._done.done():
+            self._done.set_result(code)
