@@ -97,8 +97,7 @@ class Monitor:
         now = time.time()
         listeners = {lst.protocol: lst.address for lst in sup.listeners}
         host, port = listeners.get("ndjson", ("", 0))
-        lost_frames = sum(r.get("fabric", {}).get("lost_frames", 0) for r in ok)
-        lost_messages = sum(r.get("fabric", {}).get("lost_messages", 0) for r in ok)
+        fabric = lambda key: sum(r.get("fabric", {}).get(key, 0) for r in ok)  # noqa: E731
         return 200, {
             "server_name": "shardbroker",
             "version": VERSION,
@@ -121,8 +120,10 @@ class Monitor:
             "in_bytes": total("in_bytes"),
             "out_bytes": total("out_bytes"),
             "slow_consumers": total("slow_consumers"),
-            "fabric_lost_frames": lost_frames,
-            "fabric_lost_messages": lost_messages,
+            "fabric_lost_frames": fabric("lost_frames"),
+            "fabric_lost_messages": fabric("lost_messages"),
+            "fabric_dropped_messages": fabric("dropped_messages"),
+            "fabric_stalls": fabric("stalls"),
             "worker_count": sup.nworkers,
             "workers": replies,
         }

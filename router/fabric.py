@@ -8,10 +8,12 @@ single worker it is addressed to.  On top of that:
   event-loop turn (``flush``), which is what makes ZeroMQ fast from Python.
 - Sequence numbers per link: a gap is detected and counted (frames and messages), never silent.
 - Acks and flow control: every frame carries the highest sequence number its sender has processed from the
-  destination.  A sender keeps at most ``window_bytes`` unacknowledged on a link; past that it reports congestion so
-  the worker stops reading from publishing clients (as nats-server stalls fast producers) instead of letting PUB
-  drop at its high-water mark.  A peer that stays congested for ``stall_timeout`` is declared lagging and no longer
-  holds anyone up: from then on frames beyond the HWM are dropped and counted by that peer.
+  destination.  A sender keeps at most ``window_bytes`` (and half the HWM in frames) unacknowledged on a link; past
+  that it reports congestion so the worker stops reading from publishing clients (as nats-server stalls fast
+  producers), and PUB never reaches its high-water mark, where it would drop.  A peer that stays congested for
+  ``stall_timeout`` (a stuck worker, until the supervisor replaces it) is declared lagging and no longer holds
+  anyone up: messages for it beyond the window are dropped here and counted (``dropped_messages``), so memory
+  stays bounded.
 - Sync points: ``when_processed(callback)`` calls back once every peer has processed every frame queued so far,
   which is how a subscription is known to be in force on all workers before its client is told ``ok``.
 - Hello: a worker that starts sends hello to every peer until each answers; the answer carries the peer's interest
@@ -60,7 +62,7 @@ class _Link:
     __slots__ = ("peer", "prefix", "out_msgs", "out_ctrl", "out_seq", "out_msg_count", "acked", "inflight",
                  "inflight_bytes", "congested_since", "lagging", "in_epoch", "in_seq", "in_msg_count",
                  "processed", "ack_owed", "up", "lost_frames", "lost_messages", "frames_in", "frames_out",
-                 "messages_in", "messages_out")
+                 "messages_in", "messages_out", "dropped_messages", "dropped_at_lag", "stalls")
 
     def __init__(self, peer: int) -> None:
         self.peer = peer
@@ -84,6 +86,9 @@ class _Link:
         self.lost_frames = 0
         self.lost_messages = 0
         self.frames_in = self.frames_out = self.messages_in = self.messages_out = 0
+        self.dropped_messages = 0  # not sent: the peer was lagging and its window full
+        self.dropped_at_lag = 0    # dropped_messages when the current lagging episode began
+        self.stalls = 0            # times this link held the worker's publishers back
 
     def forget_inflight(self) -> None:
         self.acked = self.out_seq
@@ -100,6 +105,7 @@ class Fabric:
         self.epoch = epoch
         self.handler = handler
         self.window_bytes = window_bytes
+        self.window_frames = max(16, hwm // 2)
         self.stall_timeout = stall_timeout
         self.links = {p: _Link(p) for p in range(workers) if p != index}
         self._dirty: set[int] = set()
@@ -177,6 +183,13 @@ class Fabric:
             link = self.links[dst]
             msgs, ctrl = link.out_msgs, link.out_ctrl
             link.out_msgs, link.out_ctrl = [], []
+            if link.lagging and self._window_full(link) and msgs:
+                if link.dropped_messages == link.dropped_at_lag:
+                    log.error("worker %d lags: dropping messages for it until it catches up", dst)
+                link.dropped_messages += len(msgs)
+                msgs = []
+                if not ctrl:
+                    continue
             while True:
                 chunk, msgs = msgs[:_MAX_FRAME_MESSAGES], msgs[_MAX_FRAME_MESSAGES:]
                 link.out_seq += 1
@@ -305,24 +318,30 @@ class Fabric:
             self._check_congestion()
 
     # -- flow control ---------------------------------------------------------------------------------------
+    def _window_full(self, link: _Link) -> bool:
+        return link.inflight_bytes > self.window_bytes or len(link.inflight) > self.window_frames
+
     def _check_congestion(self) -> None:
         now = time.monotonic()
         congested = False
         for link in self.links.values():
-            if link.inflight_bytes > self.window_bytes and not link.lagging:
+            if self._window_full(link) and not link.lagging:
                 if not link.congested_since:
                     link.congested_since = now
+                    link.stalls += 1
                 elif now - link.congested_since > self.stall_timeout:
                     link.lagging = True
+                    link.dropped_at_lag = link.dropped_messages
                     log.warning("worker %d lags behind (%d bytes unacknowledged for %.1fs); no longer waiting "
                                 "for it", link.peer, link.inflight_bytes, now - link.congested_since)
                     continue
                 congested = True
-            elif link.inflight_bytes <= self.window_bytes // 2:
+            elif link.inflight_bytes <= self.window_bytes // 2 and len(link.inflight) <= self.window_frames // 2:
                 link.congested_since = 0.0
                 if link.lagging:
                     link.lagging = False
-                    log.info("worker %d caught up", link.peer)
+                    log.warning("worker %d caught up; %d message(s) for it were dropped while it lagged",
+                                link.peer, link.dropped_messages - link.dropped_at_lag)
         if congested != self._congested:
             self._congested = congested
             self.handler.on_congestion(congested)
@@ -364,12 +383,16 @@ class Fabric:
                 "up": lk.up, "frames_out": lk.frames_out, "frames_in": lk.frames_in,
                 "messages_out": lk.messages_out, "messages_in": lk.messages_in,
                 "lost_frames": lk.lost_frames, "lost_messages": lk.lost_messages,
-                "inflight_bytes": lk.inflight_bytes, "lagging": lk.lagging,
+                "inflight_bytes": lk.inflight_bytes, "inflight_frames": len(lk.inflight), "lagging": lk.lagging,
+                "dropped_messages": lk.dropped_messages, "stalls": lk.stalls,
             }
+        total = lambda key: sum(getattr(lk, key) for lk in self.links.values())  # noqa: E731
         return {
             "links": links,
-            "lost_frames": sum(lk.lost_frames for lk in self.links.values()),
-            "lost_messages": sum(lk.lost_messages for lk in self.links.values()),
+            "lost_frames": total("lost_frames"),
+            "lost_messages": total("lost_messages"),
+            "dropped_messages": total("dropped_messages"),
+            "stalls": total("stalls"),
             "congested": self._congested,
         }
 

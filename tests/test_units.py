@@ -164,3 +164,33 @@ def test_config_security_rules():
         cfgmod.load(None, {"security.enabled": True})
     with pytest.raises(cfgmod.ConfigError, match=r"users\[0\]: give password or password_hash, not both"):
         cfgmod.load(None, {"security.users": [{"username": "u", "password": "a", "password_hash": "b"}]})
+
+
+def _config_keys(cls, prefix=""):
+    import dataclasses
+    import typing
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("internal"):
+            continue
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp) and f.name != "admin_user":
+            yield from _config_keys(tp, f"{prefix}{f.name}.")
+        else:
+            yield prefix + f.name
+
+
+def test_every_configuration_key_is_documented():
+    from harness import REPO
+    doc = (REPO / "docs" / "configuration.md").read_text()
+    missing = [k for k in _config_keys(cfgmod.Config) if f"`{k}`" not in doc]
+    assert not missing, f"undocumented configuration keys: {missing}"
+
+
+def test_deploy_example_config_spells_out_the_defaults():
+    from harness import REPO
+    example = cfgmod.load(str(REPO / "deploy" / "config.example.json"))
+    defaults = cfgmod.load(None)
+    for section in ("network", "workers", "limits", "monitoring", "shutdown"):
+        assert getattr(example, section) == getattr(defaults, section), section
+    assert not example.security.enabled
