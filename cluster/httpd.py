@@ -48,7 +48,10 @@ class HttpServer:
             else:
                 url = urlsplit(parts[1])
                 query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-                status, body = await self._handler(url.path, query)
+                try:
+                    status, body = await self._handler(url.path, query)
+                except ValueError as exc:  # a query parameter of the wrong form
+                    status, body = 400, {"error": str(exc)}
             payload = orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n"
             phrase = HTTPStatus(status).phrase
             writer.write(

@@ -228,7 +228,9 @@ class Fabric:
         keep = []
         for req, cb in self._waiters:
             if req is not None:
-                for p in [p for p, seq in req.items() if self.links[p].acked >= seq or not self.links[p].up]:
+                # Satisfied by the ack, or by the peer being gone or lagging (stuck: it holds nobody up).
+                for p in [p for p, seq in req.items()
+                          if self.links[p].acked >= seq or not self.links[p].up or self.links[p].lagging]:
                     del req[p]
                 if not req:
                     cb()
@@ -332,6 +334,7 @@ class Fabric:
                 elif now - link.congested_since > self.stall_timeout:
                     link.lagging = True
                     link.dropped_at_lag = link.dropped_messages
+                    self._release_waiters()
                     log.warning("worker %d lags behind (%d bytes unacknowledged for %.1fs); no longer waiting "
                                 "for it", link.peer, link.inflight_bytes, now - link.congested_since)
                     continue

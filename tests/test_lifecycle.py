@@ -28,10 +28,31 @@ def test_sigterm_exits_zero_without_orphans_and_removes_runtime_dir(start_broker
     assert not os.path.exists(rundir)
 
 
-def test_sigint_is_graceful_and_a_second_one_forces(start_broker):
+def test_sigint_is_graceful(start_broker):
     b = start_broker(workers=2)
     assert b.stop(signal.SIGINT) == 0
     assert "SIGINT: stopping gracefully" in b.log()
+
+
+def test_second_sigint_forces_a_stop_that_is_taking_long(start_broker):
+    # A subscriber that never reads, with megabytes queued to it: the graceful stop would wait the whole grace.
+    b = start_broker(workers=1, grace=60, config={"limits": {"max_pending_bytes": 1 << 30}})
+    with Raw(b.port) as stuck, Raw(b.port) as pub:
+        stuck.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stuck.request({"op": "sub", "topic": "big"})
+        pub.send(b'{"op":"pub","topic":"big","data":"%s"}\n' % (b"x" * 60000) * 200 + b'{"op":"ping","id":1}\n')
+        while pub.json().get("id") != 1:
+            pass
+        b.send_signal(signal.SIGINT)
+        b.wait_log("SIGINT: stopping gracefully")
+        time.sleep(0.5)
+        assert b.proc.poll() is None, "nothing made the graceful stop wait: this test tests nothing"
+        started = time.monotonic()
+        b.send_signal(signal.SIGINT)
+        assert b.proc.wait(10) == 1
+        assert time.monotonic() - started < 5
+    assert "second SIGINT: forcing shutdown" in b.log()
+    assert not wait_gone(lambda: [p for p in b.pids if pid_alive(p)], 5)
 
 
 @pytest.mark.parametrize("same_worker", [True, False], ids=["same-worker", "cross-worker"])

@@ -159,11 +159,13 @@ class Worker:
         sock = socket.socket(fileno=fd)
         sock.set_inheritable(False)
         session = SESSIONS.get(msg.get("p"))
-        if session is None or self._stopping or self.hub is None:
+        hub = self.hub
+        if session is None or self._stopping or hub is None:
             sock.close()
-            self.hub.closed_since_report += 1
+            if hub is not None:
+                hub.closed_since_report += 1
             return
-        hub, cid = self.hub, int(msg["cid"])
+        cid = int(msg["cid"])
         try:
             await asyncio.get_running_loop().connect_accepted_socket(lambda: session(hub, cid), sock)
         except OSError as exc:

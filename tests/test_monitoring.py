@@ -1,0 +1,59 @@
+"""The monitoring endpoints, after known traffic."""
+
+import os
+import signal
+import time
+
+from harness import Raw
+
+
+def test_monitoring_after_known_traffic(start_broker):
+    b = start_broker(workers=2)
+    assert b.http("/healthz") == (200, {"status": "ok"})
+    with Raw(b.port) as s, Raw(b.port) as p:
+        s.request({"op": "sub", "topic": "mon.*"})
+        s.request({"op": "sub", "topic": "mon.a"})
+        for i in range(3):
+            assert p.request({"op": "pub", "topic": "mon.a", "data": "abc"}) == {"ok": True}
+        for _ in range(3):
+            s.json()
+        varz = b.varz()
+        assert varz["connections"] == 2 and varz["total_connections"] == 2
+        assert varz["subscriptions"] == 2
+        assert varz["in_msgs"] == 3 and varz["in_bytes"] == 3 * len(b'"abc"')
+        assert varz["out_msgs"] == 3  # one delivery per message per connection, however many patterns match
+        assert varz["out_bytes"] == 3 * len(b'{"topic":"mon.a","data":"abc"}\n')
+        assert varz["slow_consumers"] == 0 and varz["worker_count"] == 2
+        assert varz["mem"] > 0 and varz["port"] == b.port and varz["uptime"].endswith("s")
+        assert sorted(w["pid"] for w in varz["workers"]) == sorted(b.pids)
+
+        status, connz = b.http("/connz?subs=1")
+        assert status == 200 and connz["total"] == 2
+        by_cid = {c["cid"]: c for c in connz["connections"]}
+        sub_info = s.request({"op": "info"})["info"]
+        entry = by_cid[sub_info["cid"]]
+        assert entry["worker"] == sub_info["worker"]
+        assert entry["subjects"] == ["mon.*", "mon.a"] and entry["subscriptions"] == 2
+        assert entry["out_msgs"] == 3 and entry["ip"] == "127.0.0.1" and entry["protocol"] == "ndjson"
+
+        subsz = b.http("/subsz")[1]
+        assert subsz["num_subscriptions"] == 2
+
+    assert b.http("/connz?limit=x")[0] == 400
+    assert b.http("/nope")[0] == 404
+
+
+def test_healthz_reports_an_unresponsive_worker(start_broker):
+    b = start_broker(workers=2, config={"workers": {"heartbeat_timeout": 30}})
+    os.kill(b.pids[0], signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        status, body = b.http("/healthz")
+        assert status == 503 and "1 worker(s) unresponsive" in body["error"]
+        assert time.monotonic() - started < 5
+        varz = b.varz()
+        assert [w.get("unresponsive", False) for w in sorted(varz["workers"], key=lambda w: w["worker"])] == \
+            [True, False]
+    finally:
+        os.kill(b.pids[0], signal.SIGCONT)
+    assert b.http("/healthz")[0] == 200
