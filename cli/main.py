@@ -8,6 +8,7 @@ from typing import Any
 import click
 import orjson
 
+from . import secrets
 from .client import BlockingClient, BrokerError
 
 
@@ -64,14 +65,23 @@ def start(config_path: str | None, workers: str | None, bind: str | None, port: 
 def _connection_options(fn):
     fn = click.option("--host", default="127.0.0.1", show_default=True, help="Broker address.")(fn)
     fn = click.option("-p", "--port", default=8080, show_default=True, help="Broker NDJSON port.")(fn)
+    fn = click.option("-u", "--user", help="Authenticate as USER (password from $BROKER_PASSWORD or a prompt).")(fn)
     return fn
 
 
-def _connect(host: str, port: int) -> BlockingClient:
+def _connect(host: str, port: int, user: str | None = None, password_env: str = "BROKER_PASSWORD") -> BlockingClient:
+    password = secrets.from_env_or_prompt(password_env, f"password for {user}: ") if user else None
     try:
-        return BlockingClient.connect(host, port)
+        client = BlockingClient.connect(host, port)
     except OSError as exc:
         raise click.ClickException(f"cannot connect to {host}:{port}: {exc.strerror or exc}") from None
+    if user:
+        try:
+            client.auth(user, password)
+        except BrokerError as exc:
+            client.close()
+            raise click.ClickException(f"authentication failed: {exc.reason}") from None
+    return client
 
 
 @cli.command()
@@ -79,7 +89,7 @@ def _connect(host: str, port: int) -> BlockingClient:
 @click.option("--json", "as_json", is_flag=True, help="DATA is JSON (default: a string).")
 @click.argument("topic")
 @click.argument("data")
-def pub(host: str, port: int, as_json: bool, topic: str, data: str) -> None:
+def pub(host: str, port: int, user: str | None, as_json: bool, topic: str, data: str) -> None:
     """Publish DATA to TOPIC."""
     if as_json:
         try:
@@ -88,7 +98,7 @@ def pub(host: str, port: int, as_json: bool, topic: str, data: str) -> None:
             raise click.BadParameter(f"not JSON: {exc}", param_hint="DATA") from None
     else:
         value = data
-    with _connect(host, port) as client:
+    with _connect(host, port, user) as client:
         try:
             client.pub(topic, value)
         except BrokerError as exc:
@@ -100,9 +110,9 @@ def pub(host: str, port: int, as_json: bool, topic: str, data: str) -> None:
 @click.option("-n", "--count", type=int, help="Exit after this many messages.")
 @click.option("--data-only", is_flag=True, help="Print only each message's data.")
 @click.argument("topics", nargs=-1, required=True)
-def sub(host: str, port: int, count: int | None, data_only: bool, topics: tuple[str, ...]) -> None:
+def sub(host: str, port: int, user: str | None, count: int | None, data_only: bool, topics: tuple[str, ...]) -> None:
     """Subscribe to TOPICS and print each delivery as a JSON line until Ctrl-C."""
-    with _connect(host, port) as client:
+    with _connect(host, port, user) as client:
         try:
             for topic in topics:
                 client.sub(topic)
@@ -120,6 +130,109 @@ def sub(host: str, port: int, count: int | None, data_only: bool, topics: tuple[
         except KeyboardInterrupt:
             return
         raise click.ClickException("the broker closed the connection")
+
+
+@cli.command("hash-password")
+@click.option("--iterations", type=click.IntRange(1000, 10_000_000), default=600_000, show_default=True,
+              help="PBKDF2 iterations.")
+def hash_password(iterations: int) -> None:
+    """Print a password_hash for the configuration file.
+
+    The password is prompted for (twice) on a terminal, or read from the first line of standard input.
+    """
+    from cluster.passwords import hash_password as make_hash
+
+    click.echo(make_hash(secrets.new_password("password"), iterations))
+
+
+@cli.group()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Broker address.")
+@click.option("-p", "--port", default=8080, show_default=True, help="Broker NDJSON port.")
+@click.option("--admin", "admin_user", envvar="BROKER_ADMIN_USER", default="admin", show_default=True,
+              help="Administrator to authenticate as ($BROKER_ADMIN_USER).")
+@click.pass_context
+def user(ctx: click.Context, host: str, port: int, admin_user: str) -> None:
+    """Manage users through the admin protocol.
+
+    The administrator's password comes from $BROKER_ADMIN_PASSWORD or a prompt; a new user's password from a
+    prompt or, when standard input is not a terminal, its first line.
+    """
+    ctx.obj = (host, port, admin_user)
+
+
+def _admin_call(ctx: click.Context, op: str, **fields):
+    host, port, admin_user = ctx.obj
+    with _connect(host, port, admin_user, password_env="BROKER_ADMIN_PASSWORD") as client:
+        try:
+            return client.request(op, **fields)
+        except BrokerError as exc:
+            raise click.ClickException(f"{op}: {exc.reason}") from None
+
+
+def _permissions_of(ctx: click.Context, name: str) -> list[str]:
+    for entry in _admin_call(ctx, "admin.list_users")["users"]:
+        if entry["user"] == name:
+            return entry["permissions"]
+    raise click.ClickException(f"no such user: {name}")
+
+
+@user.command("add")
+@click.argument("name")
+@click.argument("permissions", nargs=-1)
+@click.pass_context
+def user_add(ctx: click.Context, name: str, permissions: tuple[str, ...]) -> None:
+    """Create user NAME with PERMISSIONS (publish:<topic>, subscribe:<topic>, admin)."""
+    password = secrets.new_password(f"password for {name}")
+    _admin_call(ctx, "admin.create_user", user=name, permissions=list(permissions), **{"pass": password})
+
+
+@user.command("delete")
+@click.argument("name")
+@click.pass_context
+def user_delete(ctx: click.Context, name: str) -> None:
+    """Delete user NAME (its connections are closed)."""
+    _admin_call(ctx, "admin.delete_user", user=name)
+
+
+@user.command("passwd")
+@click.argument("name")
+@click.pass_context
+def user_passwd(ctx: click.Context, name: str) -> None:
+    """Set a new password for NAME (its connections stay open)."""
+    password = secrets.new_password(f"new password for {name}")
+    _admin_call(ctx, "admin.set_password", user=name, **{"pass": password})
+
+
+@user.command("grant")
+@click.argument("name")
+@click.argument("permissions", nargs=-1, required=True)
+@click.pass_context
+def user_grant(ctx: click.Context, name: str, permissions: tuple[str, ...]) -> None:
+    """Add PERMISSIONS to NAME."""
+    current = _permissions_of(ctx, name)
+    _admin_call(ctx, "admin.set_permissions", user=name,
+                permissions=current + [p for p in permissions if p not in current])
+
+
+@user.command("revoke")
+@click.argument("name")
+@click.argument("permissions", nargs=-1, required=True)
+@click.pass_context
+def user_revoke(ctx: click.Context, name: str, permissions: tuple[str, ...]) -> None:
+    """Remove PERMISSIONS from NAME."""
+    current = _permissions_of(ctx, name)
+    missing = [p for p in permissions if p not in current]
+    if missing:
+        raise click.ClickException(f"{name} does not have {', '.join(missing)}")
+    _admin_call(ctx, "admin.set_permissions", user=name, permissions=[p for p in current if p not in permissions])
+
+
+@user.command("list")
+@click.pass_context
+def user_list(ctx: click.Context) -> None:
+    """List users and their permissions."""
+    for entry in _admin_call(ctx, "admin.list_users")["users"]:
+        click.echo(f"{entry['user']}\t{' '.join(entry['permissions'])}")
 
 
 def main() -> None:

@@ -52,6 +52,9 @@ class SecurityConfig:
     iterations: int = field(default=600_000, metadata=_meta(1000, 10_000_000))
     auth_timeout: float = field(default=10.0, metadata=_meta(0.1, 3600))
     max_auth_failures: int = field(default=5, metadata=_meta(1, 1000))
+    failures_per_address: int = field(default=20, metadata=_meta(1, 1_000_000))
+    failure_window: float = field(default=60.0, metadata=_meta(1, 86400))
+    block_duration: float = field(default=60.0, metadata=_meta(1, 86400))
 
 
 @dataclass(frozen=True)
@@ -154,15 +157,33 @@ def load(path: str | None = None, overrides: dict[str, Any] | None = None) -> Co
 
 def _check(config: Config) -> None:
     """Rules that span keys."""
+    from .users import configured_users, validate_config  # users builds on this module
+
     sec = config.security
     if sec.enabled and not sec.admin_user.username:
         raise ConfigError("security.admin_user.username: must be set when security.enabled is true")
-    for where, user in [("security.admin_user", sec.admin_user)] + [
-            (f"security.users[{i}]", u) for i, u in enumerate(sec.users)]:
-        if sec.enabled and user.username and user.password is None and user.password_hash is None:
-            raise ConfigError(f"{where}: needs password or password_hash")
+    for where, user, _ in configured_users(sec):
         if user.password is not None and user.password_hash is not None:
             raise ConfigError(f"{where}: give password or password_hash, not both")
+        if sec.enabled and not user.password and user.password_hash is None:
+            raise ConfigError(f"{where}: needs a non-empty password or a password_hash")
+    problem = validate_config(sec)
+    if problem:
+        raise ConfigError(problem)
+
+
+def has_plaintext_passwords(config: Config) -> bool:
+    from .users import configured_users
+
+    return any(u.password for _, u, _ in configured_users(config.security))
+
+
+def without_plaintext_passwords(config: Config) -> Config:
+    """The same configuration, its plaintext passwords dropped once the registry holds their hashes."""
+    sec = config.security
+    strip = lambda u: dataclasses.replace(u, password=None)  # noqa: E731
+    return dataclasses.replace(config, security=dataclasses.replace(
+        sec, admin_user=strip(sec.admin_user), users=[strip(u) for u in sec.users]))
 
 
 # -- the generic part: a dataclass schema walker ---------------------------------------------------------------

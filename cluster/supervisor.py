@@ -4,8 +4,8 @@ Modelled on gunicorn's arbiter.  Signal handlers only queue the signal; the main
 and then keeps the real set of workers moving toward the wanted one (``_murder_unresponsive``; replacements are
 spawned as soon as a worker's exit is seen).
 
-Signals: TERM and INT stop gracefully (a second INT forces), QUIT stops at once, HUP is logged (nothing to reload
-yet).  Exit codes: 0 clean stop, 1 forced stop or runtime failure, 2 bad configuration (from the CLI),
+Signals: TERM and INT stop gracefully (a second INT forces), QUIT stops at once, HUP re-reads the users of the
+configuration file.  Exit codes: 0 clean stop, 1 forced stop or runtime failure, 2 bad configuration (from the CLI),
 3 a worker failed to boot.
 """
 
@@ -24,9 +24,10 @@ from typing import Any
 
 from . import control, runtime, systemd
 from .acceptor import Acceptor, Listener, bind
-from .config import Config
+from .config import Config, without_plaintext_passwords
 from .logs import setup_logging
 from .monitor import Monitor
+from .security import SecurityManager
 
 log = logging.getLogger("broker.supervisor")
 
@@ -57,6 +58,7 @@ class Supervisor:
         self.listeners: list[Listener] = []
         self.acceptor: Acceptor | None = None
         self.monitor: Monitor | None = None
+        self.security: SecurityManager | None = None
         self.started = time.time()
         self._epoch = 0
         self._next_cid = 0
@@ -73,6 +75,9 @@ class Supervisor:
     def run(self) -> int:
         setup_logging(self.config.logging.level, "supervisor")
         _raise_open_files_limit()
+        # Hash the configured passwords, then forget the plaintext: workers are spawned with the stripped config.
+        self.security = SecurityManager(self, self.config)
+        self.config = without_plaintext_passwords(self.config)
         try:
             self.listeners = self._bind()
         except OSError as exc:
@@ -164,7 +169,8 @@ class Supervisor:
         self._stop = "fast"
 
     def handle_hup(self) -> None:
-        log.info("SIGHUP: nothing to reload")
+        log.info("SIGHUP: re-reading users from the configuration file")
+        asyncio.ensure_future(self.security.reload())
 
     def _halt(self, reason: str, code: int) -> None:
         log.error("%s; stopping", reason)
@@ -182,7 +188,8 @@ class Supervisor:
         parent_sock, child_sock = control.socketpair()
         proc = self._mp.Process(
             target=worker_main, name=f"broker-worker-{index}", daemon=True,
-            args=(index, self._epoch, self.nworkers, self.config, self.runtime_dir, child_sock))
+            args=(index, self._epoch, self.nworkers, self.config, self.runtime_dir, child_sock,
+                  self.security.worker_state()))
         proc.start()
         child_sock.close()
         slot = WorkerSlot(index, self._epoch, proc, pid=proc.pid)
@@ -210,6 +217,12 @@ class Supervisor:
             waiting = self._requests.pop(msg.get("req"), None)
             if waiting is not None and not waiting[0].done():
                 waiting[0].set_result(msg.get("data"))
+        elif kind == "admin":
+            asyncio.ensure_future(self.security.admin(slot, msg))
+        elif kind == "users_ack":
+            self.security.acknowledged(slot, int(msg.get("v", 0)))
+        elif kind == "auth_fail":
+            self.security.auth_failure(str(msg.get("ip")))
         else:
             log.error("unknown message %r from worker %d", kind, slot.index)
 
@@ -223,6 +236,7 @@ class Supervisor:
         was, slot.state = slot.state, "dead"
         if slot.channel is not None:
             slot.channel.close()
+        self.security.worker_gone(slot.index)
         if self._stop is not None:
             log.info("worker %d (pid %d) exited: %s", slot.index, slot.pid, how)
             return

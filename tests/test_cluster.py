@@ -12,12 +12,13 @@ from cli.client import AsyncClient
 from harness import Raw, pid_alive
 
 
-async def spread(port: int, workers: int, per_worker: int) -> dict[int, list[AsyncClient]]:
-    """Open connections until each worker holds ``per_worker`` of them (extra ones are closed)."""
+async def spread(port: int, workers: int, per_worker: int, user: str | None = None,
+                 password: str | None = None) -> dict[int, list[AsyncClient]]:
+    """Open connections (authenticated as ``user`` if given) until each worker holds ``per_worker`` of them."""
     by_worker: dict[int, list[AsyncClient]] = {w: [] for w in range(workers)}
     extra = []
     while any(len(v) < per_worker for v in by_worker.values()):
-        c = await AsyncClient.connect("127.0.0.1", port)
+        c = await AsyncClient.connect("127.0.0.1", port, user=user, password=password)
         w = (await c.info())["worker"]
         (by_worker[w] if len(by_worker[w]) < per_worker else extra).append(c)
         assert len(extra) < 64, "the acceptor does not spread connections over the workers"

@@ -194,3 +194,37 @@ def test_deploy_example_config_spells_out_the_defaults():
     for section in ("network", "workers", "limits", "monitoring", "shutdown"):
         assert getattr(example, section) == getattr(defaults, section), section
     assert not example.security.enabled
+
+
+def test_password_hash_format_and_verification():
+    from cluster import passwords
+    h = passwords.hash_password("pässword", 1000)
+    assert h.startswith("$pbkdf2-sha256$i=1000$") and h.count("$") == 4
+    assert passwords.verify(h, "pässword") and not passwords.verify(h, "password")
+    assert passwords.hash_password("x", 1000) != passwords.hash_password("x", 1000)  # salted
+    iterations, salt, dk = passwords.parse(h)
+    assert (iterations, len(salt), len(dk)) == (1000, 16, 32)
+    for bad in ["", "plain", "$pbkdf2-sha256$i=10$c2FsdHNhbHQ$aGFzaGhhc2hoYXNoaGFzaA",
+                "$pbkdf2-sha1$i=1000$c2FsdHNhbHQ$aGFzaGhhc2hoYXNoaGFzaA", h.replace("i=1000", "i=abc")]:
+        with pytest.raises(passwords.HashFormatError):
+            passwords.parse(bad)
+
+
+@pytest.mark.parametrize("perm,pattern,subscribe_ok", [
+    ("subscribe:chat.*", "chat", True), ("subscribe:chat.*", "chat.>", True), ("subscribe:chat.*", "chat.*.x", True),
+    ("subscribe:chat.*", "*.room1", False), ("subscribe:chat.*", "chatty", False), ("subscribe:chat.*", ">", False),
+    ("subscribe:chat.>", "chat", False), ("subscribe:chat.>", "chat.*", True), ("subscribe:a.b.*", "a.>", False),
+    ("subscribe:a.b.*", "a.b.c.>", True), ("subscribe:*", ">", True), ("subscribe:>", "*.x", True),
+    ("subscribe:a.b", "a.b", True), ("subscribe:a.b", "a.*", False), ("admin", ">", True),
+    ("publish:*", "x", False),
+])
+def test_permission_coverage(perm, pattern, subscribe_ok):
+    from cluster.permissions import Permissions
+    assert Permissions([perm]).may_subscribe(pattern) is subscribe_ok
+
+
+def test_permission_strings_are_validated():
+    from cluster.permissions import PermissionFormatError, Permissions
+    for bad in ["publish", "publish:", "read:x", "publish:a.*.b", "publish:a..b", "subscribe:ch*.x.>.y"]:
+        with pytest.raises(PermissionFormatError):
+            Permissions([bad])

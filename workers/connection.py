@@ -16,6 +16,8 @@ import struct
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from cluster.users import User
+
     from .hub import Hub, Subscription
 
 log = logging.getLogger("broker.conn")
@@ -35,6 +37,7 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer: tuple[str, int] = ("", 0)
         self.subs: dict[str, "Subscription"] = {}
+        self.user: "User | None" = None   # None: not authenticated (or security off)
         self.out: list[bytes] = []
         self.out_bytes = 0
         self.max_pending = hub.limits.max_pending_bytes
@@ -167,13 +170,22 @@ class Connection(asyncio.Protocol):
                 pass
         self.transport.abort()
 
+    # -- security -------------------------------------------------------------------------------------------
     def may_receive(self, subject: str) -> bool:
-        """Whether deliveries on ``subject`` may reach this connection (permissions hook)."""
-        return True
+        """Whether deliveries on ``subject`` may reach this connection now (checked when routes are built,
+        which every permission change invalidates)."""
+        if not self.hub.auth.enabled:
+            return True
+        return self.user is not None and self.user.permissions.may_receive(subject)
+
+    def user_deleted(self) -> None:
+        """The connection's user was deleted: it has no business staying connected."""
+        self.close()
 
     def info(self) -> dict:
         return {
             "cid": self.cid, "ip": self.peer[0], "port": self.peer[1], "protocol": self.protocol,
+            "user": self.user.name if self.user is not None else None,
             "subscriptions": len(self.subs), "in_msgs": self.msgs_in, "in_bytes": self.bytes_in,
             "out_msgs": self.msgs_out, "out_bytes": self.bytes_out, "pending_bytes": self.pending_bytes,
         }

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 from router import shardmap
 from router.fabric import Fabric
@@ -29,6 +29,8 @@ from .shardstate import SubjectTable
 
 if TYPE_CHECKING:
     from cluster.config import Config
+
+    from .auth import Authenticator
     from .connection import Connection
 
 log = logging.getLogger("broker.hub")
@@ -38,6 +40,10 @@ _ROUTE_CACHE_MAX = 65536
 # Fabric control items (besides the fabric's own hello): interest changes, snapshots, subject counters, and the
 # end of a worker's traffic when it stops.
 _INTEREST_ADD, _INTEREST_DEL, _INTEREST_SNAPSHOT, _COUNTERS, _FIN = "+", "-", "snap", "cnt", "fin"
+
+
+async def _no_supervisor(message: dict) -> dict:
+    raise RuntimeError("no supervisor to ask")
 
 
 class Subscription:
@@ -66,13 +72,17 @@ class Route:
 
 
 class Hub:
-    def __init__(self, index: int, workers: int, config: "Config") -> None:
+    def __init__(self, index: int, workers: int, config: "Config", auth: "Authenticator") -> None:
         self.index = index
         self.workers = workers
         self.config = config
         self.limits = config.limits
+        self.auth = auth
         self.loop = asyncio.get_running_loop()
         self.fabric: Fabric | None = None
+        # Set by the worker process: ask the supervisor (admin changes), report an auth failure.
+        self.supervisor_request: Callable[[dict], Awaitable[dict]] = _no_supervisor
+        self.auth_failed: Callable[[str], None] = lambda address: None
 
         self.local = Sublist()
         self._local_refs: dict[str, int] = {}
@@ -169,6 +179,20 @@ class Hub:
 
     def subscription_changed(self) -> None:
         """Something that filters deliveries (a permission) changed: routes must be recomputed."""
+        self._invalidate()
+
+    def users_changed(self, gone: set[str]) -> None:
+        """A registry change is in force: close the sessions of deleted users; deliveries to everyone else are
+        filtered anew against their permissions as they are now (subscriptions stay, deliveries stop)."""
+        registry = self.auth.registry
+        for conn in list(self.conns.values()):
+            user = conn.user
+            if user is None:
+                continue
+            if user.name in gone:
+                conn.user_deleted()
+            else:
+                conn.user = registry.get(user.name)  # a reload makes new user objects
         self._invalidate()
 
     # -- routing and delivery -------------------------------------------------------------------------------

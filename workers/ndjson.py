@@ -1,24 +1,38 @@
-"""A client connection speaking Jolt's NDJSON protocol (see the Jolt README and docs/protocol.md).
+"""A client connection speaking Jolt's NDJSON protocol (see docs/protocol.md).
 
 Every complete line of a read is handled in order; replies and deliveries are queued and leave together at the
-end of the turn.  A subscription that must first reach the other workers holds the lines after it (and reading)
-until it is in force, so replies stay in request order and a later ``pub`` from anyone reaches it.
+end of the turn.  Requests that finish later (a subscription that must reach the other workers first, a password
+check in the thread pool, an admin change) suspend the connection: the lines after it, and reading, wait until
+its reply is queued, so replies stay in request order and a request sees the effect of the ones before it.
+
+With security enabled, a connection must ``auth`` before anything but ``ping``; ``pub`` and ``sub`` are checked
+against the user's permissions, and every delivery against its subscribe permission at delivery time (the hub's
+routes ask ``may_receive``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
-from typing import Callable
+from typing import Awaitable, Callable
 
 from router.subjects import is_valid_literal, is_valid_pattern
 
+from . import admin
 from . import ndjson_codec as codec
 from .connection import PAUSE_SYNC, Connection
 from .hub import Hub, Subscription
 from .message import KIND_JSON
 
+log = logging.getLogger("broker.ndjson")
+
 ERR_INVALID_JSON = codec.error("invalid_json")
 ERR_LINE_TOO_LONG = codec.error("line_too_long")
+ERR_AUTH_TIMEOUT = codec.error("auth_timeout")
+ERR_USER_DELETED = codec.error("user_deleted")
+
+_OPEN_OPS = ("auth", "ping")  # allowed before authentication
 
 
 class NdjsonSession(Connection):
@@ -27,10 +41,23 @@ class NdjsonSession(Connection):
     def __init__(self, hub: Hub, cid: int) -> None:
         super().__init__(hub, cid)
         self._tail = b""
-        self._held: list | None = None   # lines waiting for a subscription to be in force
+        self._held: list | None = None   # lines waiting for a suspended request to finish
         self._max_line = hub.limits.max_line_bytes
         self._max_topic = hub.limits.max_topic_length
+        self._secure = hub.auth.enabled
+        self._auth_failures = 0
+        self._auth_timer: asyncio.TimerHandle | None = None
 
+    def opened(self) -> None:
+        if self._secure:
+            self._auth_timer = self.hub.loop.call_later(self.hub.auth.config.auth_timeout, self._auth_timeout)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
+        super().connection_lost(exc)
+
+    # -- input ----------------------------------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
@@ -68,9 +95,39 @@ class NdjsonSession(Connection):
             op = req.get("cmd")  # older Jolt clients
         handler = _OPS.get(op) if type(op) is str else None
         if handler is None:
-            self.send(codec.reply(req, "unknown_op"))
+            handler = _admin_handler(op) if type(op) is str else None
+            if handler is None:
+                self.send(codec.reply(req, "unknown_op"))
+                return
+        if self._secure and self.user is None and op not in _OPEN_OPS:
+            self.send(codec.reply(req, "auth_required"))
             return
         handler(self, req, line)
+
+    # -- requests that finish later -------------------------------------------------------------------------
+    def _suspend(self, work: Awaitable[bytes | None]) -> None:
+        """Run ``work`` (which yields the reply), holding everything after this request until it is done."""
+        self._held = []
+        self.pause(PAUSE_SYNC)
+        asyncio.ensure_future(self._finish(work))
+
+    async def _finish(self, work: Awaitable[bytes | None]) -> None:
+        try:
+            reply = await work
+        except Exception:
+            log.exception("request failed on connection %d", self.cid)
+            reply = codec.error("internal_error")
+        self._resume(reply)
+
+    def _resume(self, reply: bytes | None) -> None:
+        if self.closed:
+            return
+        if reply is not None:
+            self.send(reply)
+        held, self._held = self._held or [], None
+        self._run(held)
+        if self._held is None:
+            self.resume(PAUSE_SYNC)
 
     # -- operations -----------------------------------------------------------------------------------------
     def _topic(self, req: dict, valid: Callable[[str, int], bool]) -> str | None:
@@ -93,6 +150,9 @@ class NdjsonSession(Connection):
             if topic is None:
                 return
             route = hub.route_for(topic)
+        if self._secure and not self.user.permissions.may_publish(topic):
+            self.send(codec.reply(req, "permission_denied"))
+            return
         self.msgs_in += 1
         hub.publish(route, KIND_JSON, codec.encode_data(line, req.get("data")), None, None)
         self.send(codec.reply(req))
@@ -100,6 +160,9 @@ class NdjsonSession(Connection):
     def op_sub(self, req: dict, line: bytes) -> None:
         topic = self._topic(req, is_valid_pattern)
         if topic is None:
+            return
+        if self._secure and not self.user.permissions.may_subscribe(topic):
+            self.send(codec.reply(req, "permission_denied"))
             return
         if topic in self.subs:
             self.send(codec.reply(req))
@@ -109,20 +172,11 @@ class NdjsonSession(Connection):
             return
         sub = Subscription(self, topic, topic)
         self.subs[topic] = sub
-        if self.hub.subscribe(sub, lambda: self._in_force(req)):
+        if self.hub.subscribe(sub, lambda: self._resume(codec.reply(req))):
             self.send(codec.reply(req))
         else:
             self._held = []
             self.pause(PAUSE_SYNC)
-
-    def _in_force(self, req: dict) -> None:
-        if self.closed:
-            return
-        self.send(codec.reply(req))
-        held, self._held = self._held or [], None
-        self._run(held)
-        if self._held is None:
-            self.resume(PAUSE_SYNC)
 
     def op_unsub(self, req: dict, line: bytes) -> None:
         topic = self._topic(req, is_valid_pattern)
@@ -136,15 +190,92 @@ class NdjsonSession(Connection):
     def op_ping(self, req: dict, line: bytes) -> None:
         self.send(codec.reply(req))
 
-    def op_auth(self, req: dict, line: bytes) -> None:
-        self.send(codec.reply(req))
-
     def op_info(self, req: dict, line: bytes) -> None:
         hub = self.hub
-        self.send(codec.reply_with(req, {"info": {
-            "server": "shardbroker", "worker": hub.index, "workers": hub.workers, "pid": os.getpid(),
-            "cid": self.cid, "subscriptions": sorted(self.subs),
-        }}))
+        info = {"server": "shardbroker", "worker": hub.index, "workers": hub.workers, "pid": os.getpid(),
+                "cid": self.cid, "subscriptions": sorted(self.subs)}
+        if self.user is not None:
+            info["user"] = self.user.name
+        self.send(codec.reply_with(req, {"info": info}))
+
+    # -- authentication -------------------------------------------------------------------------------------
+    def op_auth(self, req: dict, line: bytes) -> None:
+        if not self._secure:
+            self.send(codec.reply(req))  # as Jolt: always succeeds, does nothing
+            return
+        name, password = req.get("user"), req.get("pass")
+        if not isinstance(name, str) or not isinstance(password, str) or not name or not password:
+            self.send(codec.reply(req, "missing_credentials"))
+            return
+        if self.hub.auth.is_blocked(self.peer[0]):
+            self._auth_failed(req, "rate_limited")
+            return
+        self._suspend(self._authenticate(req, name, password))
+
+    async def _authenticate(self, req: dict, name: str, password: str) -> bytes | None:
+        user = await self.hub.auth.verify(name, password)
+        if self.closed:
+            return None
+        if user is None:
+            self.hub.auth_failed(self.peer[0])
+            self._auth_failed(req, "auth_failed")
+            return None
+        self.user = user
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
+            self._auth_timer = None
+        self._drop_forbidden_subscriptions()
+        return codec.reply(req)
+
+    def _auth_failed(self, req: dict, reason: str) -> None:
+        self._auth_failures += 1
+        self.send(codec.reply(req, reason))
+        if self._auth_failures >= self.hub.auth.config.max_auth_failures:
+            log.warning("closing connection %d from %s after %d failed auth attempts",
+                        self.cid, self.peer[0], self._auth_failures)
+            self.close()
+
+    def _drop_forbidden_subscriptions(self) -> None:
+        """After a (re-)auth: the subscriptions the user may not hold are dropped."""
+        for topic, sub in list(self.subs.items()):
+            if not self.user.permissions.may_subscribe(topic):
+                del self.subs[topic]
+                self.hub.unsubscribe(sub)
+        self.hub.subscription_changed()
+
+    def _auth_timeout(self) -> None:
+        self._auth_timer = None
+        if self.user is None and not self.closed:
+            self.send(ERR_AUTH_TIMEOUT)
+            self.close()
+
+    def user_deleted(self) -> None:
+        self.send(ERR_USER_DELETED)
+        self.close()
+
+    # -- admin protocol -------------------------------------------------------------------------------------
+    def _admin(self, req: dict, run) -> None:
+        if not self._secure:
+            self.send(codec.reply(req, "security_disabled"))
+            return
+        if not self.user.permissions.admin:
+            self.send(codec.reply(req, "permission_denied"))
+            return
+        self._suspend(self._admin_reply(req, run))
+
+    async def _admin_reply(self, req: dict, run) -> bytes:
+        try:
+            fields = await run(self.hub, req)
+        except admin.AdminError as exc:
+            return codec.reply(req, exc.reason)
+        return codec.reply_with(req, fields)
+
+
+def _admin_handler(op: str):
+    run = admin.OPERATIONS.get(op)
+    if run is None:
+        return None
+    return lambda session, req, line: session._admin(req, run)
 
 
 _OPS = {

@@ -31,6 +31,7 @@ from cluster.config import Config
 from cluster.logs import setup_logging
 from router.fabric import Fabric
 
+from .auth import Authenticator
 from .hub import Hub
 from .ndjson import NdjsonSession
 
@@ -42,12 +43,14 @@ HEARTBEAT_INTERVAL = 1.0
 SESSIONS = {"ndjson": NdjsonSession}
 
 
-def main(index: int, epoch: int, workers: int, config: Config, runtime_dir: str, ctl_sock: socket.socket) -> None:
+def main(index: int, epoch: int, workers: int, config: Config, runtime_dir: str, ctl_sock: socket.socket,
+         security_state: tuple[list[dict], str]) -> None:
     """Entry point of the spawned process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
     setup_logging(config.logging.level, f"worker {index}")
-    worker = Worker(index, epoch, workers, config, runtime_dir, ctl_sock)
+    worker = Worker(index, epoch, workers, config, runtime_dir, ctl_sock, Authenticator(config.security,
+                                                                                        *security_state))
     try:
         code = _run(worker.run(), config.workers.event_loop)
     except Exception:
@@ -83,8 +86,11 @@ def _die_with_parent() -> None:
 
 class Worker:
     def __init__(self, index: int, epoch: int, workers: int, config: Config, runtime_dir: str,
-                 ctl_sock: socket.socket) -> None:
+                 ctl_sock: socket.socket, auth: Authenticator) -> None:
         self.index = index
+        self.auth = auth
+        self._requests: dict[int, asyncio.Future] = {}
+        self._next_req = 0
         self.epoch = epoch
         self.workers = workers
         self.config = config
@@ -121,7 +127,9 @@ class Worker:
 
     async def _boot(self) -> None:
         cfg = self.config
-        self.hub = Hub(self.index, self.workers, cfg)
+        self.hub = Hub(self.index, self.workers, cfg, self.auth)
+        self.hub.supervisor_request = self._request
+        self.hub.auth_failed = lambda address: self.ctl.send({"k": "auth_fail", "ip": address})
         self.hub.fabric = Fabric(self.index, self.workers, self.epoch, self.runtime_dir, self.hub,
                                  hwm=cfg.fabric.hwm, window_bytes=cfg.fabric.window_bytes,
                                  stall_timeout=cfg.fabric.stall_timeout)
@@ -150,10 +158,33 @@ class Worker:
                 self.hub.fabric.peer_down(int(msg["w"]), int(msg["epoch"]))
         elif kind == "stats":
             self.ctl.send({"k": "reply", "req": msg["req"], "data": self._stats(msg)})
+        elif kind == "users":
+            gone = self.auth.registry.apply(msg["change"])
+            if self.hub is not None:
+                self.hub.users_changed(gone)
+            self.ctl.send({"k": "users_ack", "v": msg["v"]})
+        elif kind == "block":
+            self.auth.block(str(msg["ip"]), float(msg["seconds"]))
+        elif kind == "reply":
+            fut = self._requests.pop(msg.get("req"), None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg.get("data") or {})
         else:
             log.error("unknown control message %r", kind)
         for fd in fds[1:]:
             os.close(fd)
+
+    async def _request(self, message: dict, timeout: float = 30.0) -> dict:
+        """Ask the supervisor and wait for its reply."""
+        self._next_req += 1
+        req = self._next_req
+        fut = asyncio.get_running_loop().create_future()
+        self._requests[req] = fut
+        self.ctl.send({**message, "req": req})
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self._requests.pop(req, None)
 
     async def _adopt(self, msg: dict, fd: int) -> None:
         sock = socket.socket(fileno=fd)
@@ -236,5 +267,6 @@ class Worker:
     def _finish(self, code: int) -> None:
         if self.hub is not None and self.hub.fabric is not None:
             self.hub.fabric.close()
+        self.auth.close()
         if self._done is not None and not self._done.done():
             self._done.set_result(code)

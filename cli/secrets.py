@@ -1,0 +1,34 @@
+"""Reading secrets for brokerctl: from an environment variable, a prompt, or standard input; never from argv,
+where any user of the machine can read them (``ps``, shell history)."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import sys
+
+import click
+
+
+def from_env_or_prompt(env: str, prompt: str) -> str:
+    """``$env`` if set, else a no-echo prompt on the terminal."""
+    value = os.environ.get(env)
+    if value is not None:
+        return value
+    if not sys.stdin.isatty():
+        raise click.UsageError(f"set {env}, or run on a terminal to be prompted")
+    return getpass.getpass(prompt)
+
+
+def new_password(what: str) -> str:
+    """A new password: prompted twice on a terminal, else the first line of standard input."""
+    if sys.stdin.isatty():
+        first = getpass.getpass(f"{what}: ")
+        if first != getpass.getpass(f"{what} (again): "):
+            raise click.ClickException("the passwords do not match")
+        password = first
+    else:
+        password = sys.stdin.readline().rstrip("\r\n")
+    if not password:
+        raise click.ClickException("empty password")
+    return password

@@ -1,0 +1,144 @@
+"""The supervisor's side of security: the authoritative user registry and everything cluster-wide about it.
+
+- Admin changes: a worker forwards a checked request; the supervisor applies it, sends it to every worker, and
+  answers the worker only when every live worker has acknowledged it.  So a user created through worker 1 can
+  authenticate on worker 3 as soon as the creator reads ``ok``.
+- Failures per source address are counted here, across all workers (a client's connections are spread over all
+  of them): past ``failures_per_address`` within ``failure_window`` the address is blocked on every worker for
+  ``block_duration``.
+- SIGHUP re-reads the configuration file's users (runtime changes are dropped: users are not persisted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import stat
+import time
+from typing import TYPE_CHECKING
+
+from . import passwords, users
+from .config import Config, ConfigError, has_plaintext_passwords, load
+
+if TYPE_CHECKING:
+    from .supervisor import Supervisor, WorkerSlot
+
+log = logging.getLogger("broker.security")
+
+_ACK_TIMEOUT = 10.0
+
+
+class SecurityManager:
+    def __init__(self, supervisor: "Supervisor", config: Config) -> None:
+        self.sup = supervisor
+        self.settings = config.security
+        warn_if_exposed(config)
+        self.registry = users.from_config(config.security)
+        self.dummy_hash = passwords.dummy_hash(config.security.iterations)
+        self.version = 0
+        self._pending: dict[int, tuple[set[int], asyncio.Future]] = {}
+        self._failures: dict[str, collections.deque[float]] = {}
+        self._blocked: dict[str, float] = {}
+
+    def worker_state(self) -> tuple[list[dict], str]:
+        """What a new worker starts with: the registry as it is now, and the dummy hash."""
+        return self.registry.snapshot(), self.dummy_hash
+
+    # -- changes --------------------------------------------------------------------------------------------
+    async def admin(self, slot: "WorkerSlot", msg: dict) -> None:
+        change = msg.get("change") or {}
+        error = self.registry.check(change)
+        if error is None:
+            await self.apply(change)
+            log.info("admin change: %s %s", change.get("op"), change.get("user"))
+        slot.channel.send({"k": "reply", "req": msg.get("req"), "data": {"error": error}})
+
+    async def apply(self, change: dict) -> None:
+        """Apply ``change`` here and on every live worker; return once all have acknowledged it."""
+        self.registry.apply(change)
+        self.version += 1
+        version = self.version
+        waiting = set()
+        for slot in self.sup.slots:
+            if slot is not None and slot.state != "dead":
+                slot.channel.send({"k": "users", "v": version, "change": change})
+                waiting.add(slot.index)
+        if not waiting:
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[version] = (waiting, fut)
+        try:
+            await asyncio.wait_for(fut, _ACK_TIMEOUT)
+        except TimeoutError:
+            log.error("workers %s did not acknowledge user change %d", sorted(waiting), version)
+        finally:
+            self._pending.pop(version, None)
+
+    def acknowledged(self, slot: "WorkerSlot", version: int) -> None:
+        pending = self._pending.get(version)
+        if pending is not None:
+            self._settle(pending, slot.index)
+
+    def worker_gone(self, index: int) -> None:
+        """A dead worker acknowledges nothing; its replacement starts from the current registry."""
+        for pending in list(self._pending.values()):
+            self._settle(pending, index)
+
+    @staticmethod
+    def _settle(pending: tuple[set[int], asyncio.Future], index: int) -> None:
+        waiting, fut = pending
+        waiting.discard(index)
+        if not waiting and not fut.done():
+            fut.set_result(None)
+
+    async def reload(self) -> None:
+        path = self.sup.config.source
+        if path is None:
+            log.warning("SIGHUP: no configuration file to re-read users from")
+            return
+        try:
+            config = load(path)
+        except ConfigError as exc:
+            log.error("SIGHUP: configuration not reloaded: %s", exc)
+            return
+        warn_if_exposed(config)
+        registry = await asyncio.to_thread(users.from_config, config.security)
+        await self.apply({"op": "replace", "users": registry.snapshot()})
+        log.info("SIGHUP: %d user(s) reloaded from %s", len(registry.users), path)
+
+    # -- failures per address -------------------------------------------------------------------------------
+    def auth_failure(self, address: str) -> None:
+        now = time.monotonic()
+        window = self.settings.failure_window
+        times = self._failures.setdefault(address, collections.deque())
+        times.append(now)
+        while times and now - times[0] > window:
+            times.popleft()
+        if len(times) >= self.settings.failures_per_address and self._blocked.get(address, 0) <= now:
+            duration = self.settings.block_duration
+            self._blocked[address] = now + duration
+            times.clear()
+            log.warning("%s: %d failed authentications within %gs; blocking it for %gs",
+                        address, self.settings.failures_per_address, window, duration)
+            for slot in self.sup.slots:
+                if slot is not None and slot.state != "dead":
+                    slot.channel.send({"k": "block", "ip": address, "seconds": duration})
+        if len(self._failures) > 10_000:  # bounded memory under a spray of addresses
+            self._failures = {a: t for a, t in self._failures.items() if t and now - t[-1] <= window}
+            self._blocked = {a: u for a, u in self._blocked.items() if u > now}
+
+
+def warn_if_exposed(config: Config) -> None:
+    """Plaintext passwords in a file others can read deserve a warning that says how to fix it."""
+    if config.source is None or not has_plaintext_passwords(config):
+        return
+    try:
+        mode = stat.S_IMODE(os.stat(config.source).st_mode)
+    except OSError:
+        return
+    if mode & 0o077:
+        log.warning("%s holds plaintext passwords and is readable by %s (mode %04o): restrict it with "
+                    "'chmod 600 %s', or replace each password with a password_hash from 'brokerctl hash-password'",
+                    config.source, "others" if mode & 0o007 else "its group", mode, config.source)

@@ -1,0 +1,143 @@
+"""The user registry: names, password hashes, permissions.
+
+The supervisor holds the authoritative registry; every worker holds a replica.  A change is a small dict, checked
+and applied by the supervisor, then applied by every worker, in the same order (control channels are FIFO):
+
+    {"op": "create", "user": u, "hash": h, "permissions": [...]}
+    {"op": "delete", "user": u}
+    {"op": "password", "user": u, "hash": h}
+    {"op": "permissions", "user": u, "permissions": [...]}
+    {"op": "replace", "users": [snapshot entries]}           # a config reload
+
+Plaintext passwords never enter the registry: configuration passwords are hashed at load (in parallel threads;
+hashlib releases the GIL) and admin-protocol passwords are hashed by the worker that received them.
+"""
+
+from __future__ import annotations
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from . import passwords
+from .config import SecurityConfig, UserConfig
+from .permissions import Permissions, PermissionFormatError
+
+_NAME = re.compile(r"^[^\s\x00-\x1f\x7f]{1,128}$")
+
+
+@dataclass
+class User:
+    name: str
+    password_hash: str
+    permissions: Permissions
+    builtin: bool = False   # the configuration's admin_user: cannot be deleted nor lose admin at run time
+
+    def entry(self) -> dict:
+        return {"user": self.name, "hash": self.password_hash, "permissions": self.permissions.strings,
+                "builtin": self.builtin}
+
+
+def valid_name(name: object) -> bool:
+    return isinstance(name, str) and bool(_NAME.match(name))
+
+
+class Registry:
+    def __init__(self, users: list[User] | None = None) -> None:
+        self.users: dict[str, User] = {u.name: u for u in users or []}
+
+    def get(self, name: str) -> User | None:
+        return self.users.get(name)
+
+    def snapshot(self) -> list[dict]:
+        return [u.entry() for u in self.users.values()]
+
+    @classmethod
+    def from_snapshot(cls, entries: list[dict]) -> "Registry":
+        return cls([_user(e) for e in entries])
+
+    def listing(self) -> list[dict]:
+        """Names and permissions, never hashes: what admin.list_users shows."""
+        return [{"user": u.name, "permissions": u.permissions.strings}
+                for u in sorted(self.users.values(), key=lambda u: u.name)]
+
+    def check(self, change: dict) -> str | None:
+        """The error reason that refuses ``change``, or None."""
+        op, name = change.get("op"), change.get("user")
+        user = self.users.get(name) if isinstance(name, str) else None
+        if op == "create":
+            return "user_exists" if user is not None else None
+        if op == "replace":
+            return None
+        if user is None:
+            return "unknown_user"
+        if user.builtin and (op == "delete" or (op == "permissions" and "admin" not in change["permissions"])):
+            return "protected_user"
+        return None
+
+    def apply(self, change: dict) -> set[str]:
+        """Apply a checked change; -> the names that no longer exist."""
+        op = change["op"]
+        if op == "replace":
+            new = {e["user"]: _user(e) for e in change["users"]}
+            gone = set(self.users) - set(new)
+            self.users = new
+            return gone
+        name = change["user"]
+        if op == "create":
+            self.users[name] = User(name, change["hash"], Permissions(change["permissions"]))
+        elif op == "delete":
+            del self.users[name]
+            return {name}
+        elif op == "password":
+            self.users[name].password_hash = change["hash"]
+        elif op == "permissions":
+            self.users[name].permissions = Permissions(change["permissions"])
+        else:
+            raise ValueError(f"unknown registry change {op!r}")
+        return set()
+
+
+def _user(entry: dict) -> User:
+    return User(entry["user"], entry["hash"], Permissions(entry["permissions"]), entry.get("builtin", False))
+
+
+def configured_users(security: SecurityConfig) -> list[tuple[str, UserConfig, bool]]:
+    """(config key, user, is the admin_user) for every user the configuration defines."""
+    out = []
+    if security.admin_user.username:
+        out.append(("security.admin_user", security.admin_user, True))
+    out += [(f"security.users[{i}]", u, False) for i, u in enumerate(security.users)]
+    return out
+
+
+def from_config(security: SecurityConfig) -> Registry:
+    """Build the registry, hashing plaintext passwords in parallel.  The config was validated at load."""
+    entries = configured_users(security)
+    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="hash") as pool:
+        hashes = list(pool.map(
+            lambda e: e[1].password_hash or passwords.hash_password(e[1].password or "", security.iterations),
+            entries))
+    return Registry([User(u.username, h, Permissions(u.permissions), builtin)
+                     for (_, u, builtin), h in zip(entries, hashes)])
+
+
+def validate_config(security: SecurityConfig) -> str | None:
+    """The first problem with the configured users, as 'key: reason', or None."""
+    seen: set[str] = set()
+    for key, user, _ in configured_users(security):
+        if not valid_name(user.username):
+            return f"{key}.username: must be 1-128 characters without spaces or control characters"
+        if user.username in seen:
+            return f"{key}.username: {user.username!r} is defined twice"
+        seen.add(user.username)
+        try:
+            Permissions(user.permissions)
+        except PermissionFormatError as exc:
+            return f"{key}.permissions: {exc}"
+        if user.password_hash is not None:
+            try:
+                passwords.parse(user.password_hash)
+            except passwords.HashFormatError as exc:
+                return f"{key}.password_hash: {exc}"
+    return None

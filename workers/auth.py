@@ -1,0 +1,58 @@
+"""The worker's side of security, for every protocol: who may connect, as whom, and with which permissions.
+
+- The registry is a replica of the supervisor's (``cluster.users``), kept current by the changes it broadcasts.
+- Password checks run in a small thread pool, never on the event loop: hashlib releases the GIL, so deliveries to
+  other connections keep flowing while clients authenticate.
+- An unknown user is checked against a dummy hash of the same cost, so the reply time does not tell which users
+  exist.
+- Addresses the supervisor has blocked (too many failures across all workers) are refused without a check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from cluster import passwords
+from cluster.config import SecurityConfig
+from cluster.users import Registry, User
+
+
+class Authenticator:
+    def __init__(self, config: SecurityConfig, snapshot: list[dict], dummy_hash: str) -> None:
+        self.enabled = config.enabled
+        self.config = config
+        self.registry = Registry.from_snapshot(snapshot)
+        self._dummy = dummy_hash
+        self._pool = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="auth")
+        self._blocked: dict[str, float] = {}
+
+    async def verify(self, name: str, password: str) -> User | None:
+        user = self.registry.get(name)
+        stored = user.password_hash if user is not None else self._dummy
+        ok = await asyncio.get_running_loop().run_in_executor(self._pool, passwords.verify, stored, password)
+        # The registry may have changed while the hash was computed: the answer holds for the user as it is now.
+        if not ok or user is None or self.registry.get(name) is not user or user.password_hash != stored:
+            return None
+        return user
+
+    async def hash(self, password: str) -> str:
+        return await asyncio.get_running_loop().run_in_executor(
+            self._pool, passwords.hash_password, password, self.config.iterations)
+
+    def block(self, address: str, seconds: float) -> None:
+        self._blocked[address] = time.monotonic() + seconds
+
+    def is_blocked(self, address: str) -> bool:
+        until = self._blocked.get(address)
+        if until is None:
+            return False
+        if time.monotonic() >= until:
+            del self._blocked[address]
+            return False
+        return True
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
