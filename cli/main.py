@@ -32,14 +32,17 @@ def cli() -> None:
 @click.option("-w", "--workers", help="Worker processes: a number or 'auto' (one per CPU).")
 @click.option("--bind", help="Address of the NDJSON listener (network.bind).")
 @click.option("-p", "--port", type=int, help="NDJSON port (network.port); 0 picks a free one.")
+@click.option("--nats-port", type=int, help="NATS port (nats.port); 0 picks a free one.")
+@click.option("--no-nats", is_flag=True, help="Do not listen for NATS clients.")
+@click.option("--bridge-port", type=int, help="Bridge port (bridge.port); setting it enables the listener.")
 @click.option("--monitor-port", type=int, help="Monitoring HTTP port (monitoring.port); 0 picks a free one.")
 @click.option("--no-monitoring", is_flag=True, help="Do not serve the monitoring endpoints.")
 @click.option("--grace", type=float, help="Seconds a graceful stop may take (shutdown.grace_period).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), help="logging.level")
 @click.option("--event-loop", type=click.Choice(["auto", "uvloop", "asyncio"]), help="workers.event_loop")
 def start(config_path: str | None, workers: str | None, bind: str | None, port: int | None,
-          monitor_port: int | None, no_monitoring: bool, grace: float | None, log_level: str | None,
-          event_loop: str | None) -> None:
+          nats_port: int | None, no_nats: bool, bridge_port: int | None, monitor_port: int | None,
+          no_monitoring: bool, grace: float | None, log_level: str | None, event_loop: str | None) -> None:
     """Start the supervisor and its workers; Ctrl-C or SIGTERM stops them cleanly."""
     from cluster.config import ConfigError, load
     from cluster.supervisor import Supervisor
@@ -48,6 +51,10 @@ def start(config_path: str | None, workers: str | None, bind: str | None, port: 
         "workers.count": _count(workers),
         "network.bind": bind,
         "network.port": port,
+        "nats.port": nats_port,
+        "nats.enabled": False if no_nats else None,
+        "bridge.port": bridge_port,
+        "bridge.enabled": True if bridge_port is not None else None,
         "monitoring.port": monitor_port,
         "monitoring.enabled": False if no_monitoring else None,
         "shutdown.grace_period": grace,

@@ -42,6 +42,7 @@ class UserConfig:
     password: str | None = None
     password_hash: str | None = None
     permissions: list[str] = field(default_factory=list)
+    token: bool = False  # NATS clients authenticate with CONNECT {"auth_token": <password>}
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,27 @@ class FabricConfig:
 
 
 @dataclass(frozen=True)
+class NatsConfig:
+    enabled: bool = True
+    bind: str | None = None
+    port: int = _port(4222)
+    max_payload: int = field(default=1 << 20, metadata=_meta(1, 64 << 20))
+    max_control_line: int = field(default=4096, metadata=_meta(256, 1 << 20))
+    ping_interval: float = field(default=120.0, metadata=_meta(0.05, 86400))
+    ping_max: int = field(default=2, metadata=_meta(1, 1000))
+    server_name: str | None = None
+
+
+@dataclass(frozen=True)
+class BridgeConfig:
+    enabled: bool = False
+    bind: str | None = None
+    port: int = _port(9090)
+    max_publish_bytes: int = field(default=1 << 20, metadata=_meta(1, 64 << 20))
+    user: str | None = None  # with security on: the user whose permissions Bridge clients (no auth) act with
+
+
+@dataclass(frozen=True)
 class MonitoringConfig:
     enabled: bool = True
     bind: str | None = None
@@ -114,6 +136,8 @@ class Config:
     workers: WorkersConfig = field(default_factory=WorkersConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     fabric: FabricConfig = field(default_factory=FabricConfig)
+    nats: NatsConfig = field(default_factory=NatsConfig)
+    bridge: BridgeConfig = field(default_factory=BridgeConfig)
     monitoring: MonitoringConfig = field(default_factory=MonitoringConfig)
     shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
@@ -170,6 +194,11 @@ def _check(config: Config) -> None:
     problem = validate_config(sec)
     if problem:
         raise ConfigError(problem)
+    if sec.enabled and config.bridge.enabled:
+        names = {u.username for _, u, _ in configured_users(sec)}
+        if config.bridge.user not in names:
+            raise ConfigError("bridge.user: Bridge clients cannot authenticate; with security on, name the "
+                              "configured user whose permissions they get")
 
 
 def has_plaintext_passwords(config: Config) -> bool:

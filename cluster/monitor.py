@@ -20,8 +20,6 @@ from .httpd import HttpServer
 if TYPE_CHECKING:
     from .supervisor import Supervisor
 
-VERSION = "0.1.0"
-
 
 def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).isoformat().replace("+00:00", "Z")
@@ -96,16 +94,30 @@ class Monitor:
         mem, cpu = self._resources([r["pid"] for r in ok])
         now = time.time()
         listeners = {lst.protocol: lst.address for lst in sup.listeners}
-        host, port = listeners.get("ndjson", ("", 0))
+        host, port = listeners.get("nats", listeners.get("ndjson", ("", 0)))
         fabric = lambda key: sum(r.get("fabric", {}).get(key, 0) for r in ok)  # noqa: E731
+        info = sup.server_info()
         return 200, {
-            "server_name": "shardbroker",
-            "version": VERSION,
+            "server_id": info["server_id"],
+            "server_name": info["server_name"],
+            "version": info["version"],
+            "broker": info["broker"],
+            "proto": 1,
             "host": host,
             "port": port,
             "ports": {name: addr[1] for name, addr in listeners.items()},
+            "http_host": self.address[0],
+            "http_port": self.address[1],
+            "auth_required": cfg.security.enabled,
             "max_connections": cfg.limits.max_connections,
+            "max_payload": cfg.nats.max_payload,
+            "max_control_line": cfg.nats.max_control_line,
             "max_pending": cfg.limits.max_pending_bytes,
+            "ping_interval": int(cfg.nats.ping_interval * 1e9),  # nanoseconds, as nats-server reports it
+            "ping_max": cfg.nats.ping_max,
+            "routes": 0,
+            "remotes": 0,
+            "leafnodes": 0,
             "start": _iso(sup.started),
             "now": _iso(now),
             "uptime": _uptime(now - sup.started),
@@ -131,17 +143,19 @@ class Monitor:
     async def _connz(self, query: dict) -> tuple[int, object]:
         subs = query.get("subs") in ("1", "true", "detail")
         replies = await self.sup.query({"k": "stats", "what": "conns", "subs": subs})
+        now = time.time()
         conns = []
         for r in replies:
             for c in r.get("conns", []):
-                conns.append({**c, "worker": r["worker"]})
+                conns.append({**c, "worker": r["worker"], "start": _iso(c["start"]),
+                              "uptime": _uptime(now - c["start"])})
         conns.sort(key=lambda c: c["cid"])
         offset = max(0, int(query.get("offset", 0) or 0))
         limit = max(0, int(query.get("limit", 1024) or 1024))
         page = conns[offset:offset + limit]
         return 200, {
-            "now": _iso(time.time()), "num_connections": len(page), "total": len(conns),
-            "offset": offset, "limit": limit, "connections": page,
+            "server_id": self.sup.server_id, "now": _iso(now), "num_connections": len(page),
+            "total": len(conns), "offset": offset, "limit": limit, "connections": page,
         }
 
     async def _subsz(self, query: dict) -> tuple[int, object]:

@@ -12,6 +12,7 @@ configuration file.  Exit codes: 0 clean stop, 1 forced stop or runtime failure,
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import multiprocessing
 import os
@@ -26,12 +27,14 @@ from . import control, runtime, systemd
 from .acceptor import Acceptor, Listener, bind
 from .config import Config, without_plaintext_passwords
 from .logs import setup_logging
+from . import VERSION
 from .monitor import Monitor
 from .security import SecurityManager
 
 log = logging.getLogger("broker.supervisor")
 
 EXIT_OK, EXIT_FAILED, EXIT_BOOT_FAILED = 0, 1, 3
+NATS_PROTOCOL_LEVEL = "2.10.0"
 _CRASH_WINDOW, _CRASH_LIMIT = 60.0, 10   # more worker deaths than this within the window: stop, do not loop
 
 
@@ -60,6 +63,8 @@ class Supervisor:
         self.monitor: Monitor | None = None
         self.security: SecurityManager | None = None
         self.started = time.time()
+        # Like nats-server's: 56 characters of base32 starting with N, new at every start.
+        self.server_id = "N" + base64.b32encode(os.urandom(35)).decode()[:55]
         self._epoch = 0
         self._next_cid = 0
         self._signals: asyncio.Queue[int] | None = None
@@ -95,6 +100,11 @@ class Supervisor:
     def _bind(self) -> list[Listener]:
         cfg = self.config
         wanted = [("ndjson", cfg.network.bind, cfg.network.port, b'{"ok":false,"error":"max_connections"}\n')]
+        if cfg.nats.enabled:
+            wanted.append(("nats", cfg.bind_for(cfg.nats.bind), cfg.nats.port,
+                           b"-ERR 'maximum connections exceeded'\r\n"))
+        if cfg.bridge.enabled:
+            wanted.append(("bridge", cfg.bind_for(cfg.bridge.bind), cfg.bridge.port, b"F"))
         listeners = []
         for proto, host, port, refusal in wanted:
             try:
@@ -189,13 +199,29 @@ class Supervisor:
         proc = self._mp.Process(
             target=worker_main, name=f"broker-worker-{index}", daemon=True,
             args=(index, self._epoch, self.nworkers, self.config, self.runtime_dir, child_sock,
-                  self.security.worker_state()))
+                  self.security.worker_state(), self.server_info()))
         proc.start()
         child_sock.close()
         slot = WorkerSlot(index, self._epoch, proc, pid=proc.pid)
         slot.channel = control.Channel(parent_sock, partial(self._on_worker_message, slot), lambda: None)
         self.slots[index] = slot
         asyncio.get_running_loop().add_reader(proc.sentinel, self._on_worker_exit, slot)
+
+    def server_info(self) -> dict:
+        """What NATS clients are told in INFO (each worker adds the client's own fields)."""
+        host, port = next(((lst.address) for lst in self.listeners if lst.protocol == "nats"), ("", 0))
+        return {
+            "server_id": self.server_id,
+            "server_name": self.config.nats.server_name or self.server_id,
+            # The NATS protocol level implemented: clients (nats.js) enable headers and no-responders by version.
+            "version": NATS_PROTOCOL_LEVEL,
+            "proto": 1,
+            "host": host,
+            "port": port,
+            "headers": True,
+            "max_payload": self.config.nats.max_payload,
+            "broker": f"shardbroker {VERSION}",
+        }
 
     def _on_worker_message(self, slot: WorkerSlot, msg: dict, fds: list[int]) -> None:
         for fd in fds:

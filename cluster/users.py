@@ -32,10 +32,11 @@ class User:
     password_hash: str
     permissions: Permissions
     builtin: bool = False   # the configuration's admin_user: cannot be deleted nor lose admin at run time
+    token: bool = False     # NATS clients may present its password as CONNECT auth_token
 
     def entry(self) -> dict:
         return {"user": self.name, "hash": self.password_hash, "permissions": self.permissions.strings,
-                "builtin": self.builtin}
+                "builtin": self.builtin, "token": self.token}
 
 
 def valid_name(name: object) -> bool:
@@ -99,7 +100,8 @@ class Registry:
 
 
 def _user(entry: dict) -> User:
-    return User(entry["user"], entry["hash"], Permissions(entry["permissions"]), entry.get("builtin", False))
+    return User(entry["user"], entry["hash"], Permissions(entry["permissions"]), entry.get("builtin", False),
+                entry.get("token", False))
 
 
 def configured_users(security: SecurityConfig) -> list[tuple[str, UserConfig, bool]]:
@@ -118,7 +120,7 @@ def from_config(security: SecurityConfig) -> Registry:
         hashes = list(pool.map(
             lambda e: e[1].password_hash or passwords.hash_password(e[1].password or "", security.iterations),
             entries))
-    return Registry([User(u.username, h, Permissions(u.permissions), builtin)
+    return Registry([User(u.username, h, Permissions(u.permissions), builtin, u.token)
                      for (_, u, builtin), h in zip(entries, hashes)])
 
 

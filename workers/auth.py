@@ -38,6 +38,16 @@ class Authenticator:
             return None
         return user
 
+    async def verify_token(self, token: str) -> User | None:
+        """NATS ``auth_token``: the password of one of the token users (configuration ``"token": true``).
+        Each token user costs one check, so keep them few; with none, the dummy hash keeps the cost uniform."""
+        names = [u.name for u in self.registry.users.values() if u.token] or [""]
+        for name in names:
+            user = await self.verify(name, token)
+            if user is not None:
+                return user
+        return None
+
     async def hash(self, password: str) -> str:
         return await asyncio.get_running_loop().run_in_executor(
             self._pool, passwords.hash_password, password, self.config.iterations)

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import socket
 import struct
+import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -30,13 +31,15 @@ LINGER = 2.0  # seconds a closing connection waits for the client's own close on
 
 class Connection(asyncio.Protocol):
     protocol = "?"
+    echo = True  # whether this connection receives its own messages (NATS CONNECT echo:false turns it off)
+    close_on_eof = True  # a client's half-close ends the session once it is answered (Bridge subscribers stay)
 
     def __init__(self, hub: "Hub", cid: int) -> None:
         self.hub = hub
         self.cid = cid
         self.transport: asyncio.Transport | None = None
         self.peer: tuple[str, int] = ("", 0)
-        self.subs: dict[str, "Subscription"] = {}
+        self.subs: dict = {}   # the protocol's key (NDJSON topic, NATS sid) -> Subscription
         self.user: "User | None" = None   # None: not authenticated (or security off)
         self.out: list[bytes] = []
         self.out_bytes = 0
@@ -44,6 +47,8 @@ class Connection(asyncio.Protocol):
         self.flush_at = min(256 * 1024, self.max_pending // 4)
         self.dirty = False
         self.closed = False
+        self.peer_eof = False     # the client half-closed: nothing more to read
+        self.started = time.time()
         self._paused = 0
         self.msgs_in = self.bytes_in = self.msgs_out = self.bytes_out = 0
 
@@ -63,6 +68,16 @@ class Connection(asyncio.Protocol):
         self.closed = True
         self.out = []
         self.hub.unregister(self)
+
+    def eof_received(self) -> bool:
+        """The client will send nothing more (``printf ... | nc -N``): answer what it sent, then close.  A request
+        still being completed (a password check, a subscription reaching the other workers) finishes first."""
+        if self.closed:
+            return False  # we had half-closed already: both directions are done, let the transport go
+        self.peer_eof = True
+        if self.close_on_eof and not self._paused & PAUSE_SYNC:
+            self.close()
+        return True  # keep the transport: the replies (or deliveries) still have to go out
 
     def opened(self) -> None:
         """Hook for sessions that greet their client."""
@@ -113,6 +128,9 @@ class Connection(asyncio.Protocol):
     def resume(self, reason: int) -> None:
         was = self._paused
         self._paused &= ~reason
+        if reason == PAUSE_SYNC and self.peer_eof and self.close_on_eof and not self._paused & PAUSE_SYNC:
+            self.close()  # the client said all it had to say; everything is answered now
+            return
         if was and not self._paused and not self.closed:
             self.transport.resume_reading()
 
@@ -137,7 +155,7 @@ class Connection(asyncio.Protocol):
         self.flush()
         self.closed = True
         transport = self.transport
-        if not transport.can_write_eof():
+        if self.peer_eof or not transport.can_write_eof():
             transport.close()
             return
         transport.write_eof()
@@ -178,14 +196,28 @@ class Connection(asyncio.Protocol):
             return True
         return self.user is not None and self.user.permissions.may_receive(subject)
 
+    def drop_forbidden_subscriptions(self) -> None:
+        """After a (re-)authentication: the subscriptions the user may not hold are dropped."""
+        for key, sub in list(self.subs.items()):
+            if not self.user.permissions.may_subscribe(sub.subject):
+                del self.subs[key]
+                self.hub.unsubscribe(sub)
+        self.hub.subscription_changed()
+
     def user_deleted(self) -> None:
         """The connection's user was deleted: it has no business staying connected."""
         self.close()
 
+    def subjects(self) -> list[str]:
+        return sorted({sub.subject for sub in self.subs.values()})
+
     def info(self) -> dict:
+        """This connection in nats-server's /connz shape (plus ``protocol`` and, from the worker, ``worker``)."""
         return {
-            "cid": self.cid, "ip": self.peer[0], "port": self.peer[1], "protocol": self.protocol,
-            "user": self.user.name if self.user is not None else None,
-            "subscriptions": len(self.subs), "in_msgs": self.msgs_in, "in_bytes": self.bytes_in,
-            "out_msgs": self.msgs_out, "out_bytes": self.bytes_out, "pending_bytes": self.pending_bytes,
+            "cid": self.cid, "kind": "Client", "type": self.protocol, "protocol": self.protocol,
+            "ip": self.peer[0], "port": self.peer[1], "start": self.started,
+            "authorized_user": self.user.name if self.user is not None else "",
+            "subscriptions": len(self.subs), "pending_bytes": self.pending_bytes,
+            "in_msgs": self.msgs_in, "in_bytes": self.bytes_in, "out_msgs": self.msgs_out, "out_bytes": self.bytes_out,
+            "name": "", "lang": "", "version": "",
         }

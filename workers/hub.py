@@ -9,8 +9,12 @@
   connection.
 - A new subscription pattern is announced to every other worker over the fabric, and the subscriber is told
   ``ok`` only once every worker has processed the announcement: after ``ok``, a publish anywhere reaches it.
-- The owner of a subject (``router.shardmap``) keeps its counters: every worker counts what its clients publish
-  and ships the counts to the owner once a second.
+- The owner of a subject (``router.shardmap``) keeps its counters (every worker counts what its clients publish
+  and ships the counts to the owner once a second) and picks the members of its queue groups (``queues``).
+
+A message crossing the fabric is ``(subject, kind, payload, reply, headers, extra)``; ``extra`` is None (deliver to
+local subscribers), ``("q", worker, cid, no_echo)`` (that, and you own the subject: dispatch its queue groups for
+the publisher ``cid`` of ``worker``), or ``("m", [(group, cid, sid), ...])`` (deliver to these queue members only).
 """
 
 from __future__ import annotations
@@ -22,9 +26,13 @@ from typing import TYPE_CHECKING, Awaitable, Callable
 
 from router import shardmap
 from router.fabric import Fabric
+from router.subjects import is_literal
 from router.sublist import Sublist
 
 from . import ndjson_codec
+from .message import as_bytes
+from .nats_codec import Outgoing
+from .queues import QueueTable
 from .shardstate import SubjectTable
 
 if TYPE_CHECKING:
@@ -37,9 +45,11 @@ log = logging.getLogger("broker.hub")
 
 _ROUTE_CACHE_MAX = 65536
 
-# Fabric control items (besides the fabric's own hello): interest changes, snapshots, subject counters, and the
-# end of a worker's traffic when it stops.
-_INTEREST_ADD, _INTEREST_DEL, _INTEREST_SNAPSHOT, _COUNTERS, _FIN = "+", "-", "snap", "cnt", "fin"
+# Fabric control items (besides the fabric's own hello): interest changes, queue members, snapshots, subject
+# counters, and the end of a worker's traffic when it stops.
+_INTEREST_ADD, _INTEREST_DEL, _INTEREST_SNAPSHOT = "+", "-", "snap"
+_QUEUE_ADD, _QUEUE_DEL, _QUEUE_SNAPSHOT = "q+", "q-", "qsnap"
+_COUNTERS, _FIN = "cnt", "fin"
 
 
 async def _no_supervisor(message: dict) -> dict:
@@ -47,26 +57,36 @@ async def _no_supervisor(message: dict) -> dict:
 
 
 class Subscription:
-    __slots__ = ("conn", "subject", "sid", "queue")
+    __slots__ = ("conn", "subject", "sid", "queue", "delivered", "max_msgs")
 
-    def __init__(self, conn: "Connection", subject: str, sid: str, queue: str | None = None) -> None:
+    def __init__(self, conn: "Connection", subject: str, sid: bytes | str, queue: str | None = None) -> None:
         self.conn = conn
         self.subject = subject
-        self.sid = sid
+        self.sid = sid              # NATS: the client's sid, echoed in MSG; NDJSON: the topic
         self.queue = queue
+        self.delivered = 0
+        self.max_msgs = 0           # NATS UNSUB <sid> <max>: unsubscribe after this many (0: no limit)
 
 
 class Route:
-    """Where a message to one literal subject goes, as of one generation of the tries."""
+    """Where a message to one subject goes, as of one generation of the tries."""
 
-    __slots__ = ("subject", "ndjson", "remote", "owner", "prefix", "msgs", "bytes")
+    __slots__ = ("subject", "subject_b", "ndjson", "nats", "others", "remote", "queued", "groups", "owner",
+                 "prefix", "wild", "msgs", "bytes")
 
-    def __init__(self, subject: str, ndjson: tuple, remote: tuple[int, ...], owner: int) -> None:
+    def __init__(self, subject: str, ndjson: tuple, nats: tuple, others: tuple, remote: tuple[int, ...],
+                 queued: bool, owner: int) -> None:
         self.subject = subject
+        self.subject_b = subject.encode()
         self.ndjson = ndjson          # NDJSON connections, one entry per connection however many patterns match
-        self.remote = remote          # workers with a matching subscriber
+        self.nats = nats              # NATS subscriptions (plain): one delivery per matching subscription
+        self.others = others          # other protocols' connections (Bridge)
+        self.remote = remote          # workers with a matching plain subscriber
+        self.queued = queued          # some queue group of the cluster matches: the owner dispatches
+        self.groups = None            # the owner's queue groups for this subject, built when first needed
         self.owner = owner
         self.prefix = ndjson_codec.delivery_prefix(subject)
+        self.wild = not is_literal(subject)   # NATS may publish to "foo.*" as a literal; NDJSON may not
         self.msgs = 0                 # published here since the last counter shipment
         self.bytes = 0
 
@@ -83,12 +103,15 @@ class Hub:
         # Set by the worker process: ask the supervisor (admin changes), report an auth failure.
         self.supervisor_request: Callable[[dict], Awaitable[dict]] = _no_supervisor
         self.auth_failed: Callable[[str], None] = lambda address: None
+        self.server_info: dict = {}   # what NATS clients are told in INFO, from the supervisor
 
         self.local = Sublist()
         self._local_refs: dict[str, int] = {}
         self._announcing: dict[str, int] = {}
         self.remote = Sublist()
         self._remote_by_peer: dict[int, set[str]] = {p: set() for p in range(workers) if p != index}
+        self.queues = QueueTable(index)
+        self.queue_dropped = 0
         self.routes: dict[str, Route] = {}
         self.generation = 0
 
@@ -137,11 +160,20 @@ class Hub:
     def subscribe(self, sub: Subscription, on_synced: Callable[[], None]) -> bool:
         """Add ``sub``.  True if it is in force on every worker now; otherwise ``on_synced`` is called once it is."""
         pattern = sub.subject
+        fabric = self.fabric
+        if sub.queue is not None:
+            member = self.queues.add_local(sub)
+            self._invalidate()
+            if fabric is None or not fabric.links:
+                return True
+            fabric.broadcast_control((_QUEUE_ADD, pattern, member))
+            fabric.when_processed(on_synced)
+            self.schedule_flush()
+            return False
         self.local.insert(pattern, sub)
         self._invalidate()
         n = self._local_refs.get(pattern, 0)
         self._local_refs[pattern] = n + 1
-        fabric = self.fabric
         if fabric is None or not fabric.links:
             return True
         if n == 0:
@@ -165,6 +197,14 @@ class Hub:
 
     def unsubscribe(self, sub: Subscription) -> None:
         pattern = sub.subject
+        if sub.queue is not None:
+            member = self.queues.remove_local(sub)
+            if member is not None:
+                self._invalidate()
+                if self.fabric is not None and self.fabric.links:
+                    self.fabric.broadcast_control((_QUEUE_DEL, pattern, member))
+                    self.schedule_flush()
+            return
         if not self.local.remove(pattern, sub):
             return
         self._invalidate()
@@ -199,19 +239,31 @@ class Hub:
     def route_for(self, subject: str) -> Route:
         """The route of a subject the caller has validated; cached until the next generation."""
         ndjson: dict["Connection", None] = {}
+        others: dict["Connection", None] = {}
+        nats = []
         for sub in self.local.match(subject):
             conn = sub.conn
-            if conn.protocol == "ndjson" and conn.may_receive(subject):
+            if not conn.may_receive(subject):
+                continue
+            protocol = conn.protocol
+            if protocol == "ndjson":
                 ndjson[conn] = None
+            elif protocol == "nats":
+                nats.append(sub)
+            else:
+                others[conn] = None
         remote = tuple(sorted(set(self.remote.match(subject))))
-        route = Route(subject, tuple(ndjson), remote, shardmap.owner(subject, self.workers))
+        route = Route(subject, tuple(ndjson), tuple(nats), tuple(others), remote, self.queues.matches(subject),
+                      shardmap.owner(subject, self.workers))
         if len(self.routes) >= _ROUTE_CACHE_MAX:
             self.routes = {}
         self.routes[subject] = route
         return route
 
-    def publish(self, route: Route, kind: int, payload: bytes, reply: str | None, headers: bytes | None) -> None:
-        """A client of this worker published: deliver here, forward to interested workers, count."""
+    def publish(self, route: Route, kind: int, payload: bytes, reply: str | None, headers: bytes | None,
+                origin: "Connection") -> bool:
+        """A client of this worker published: deliver here, forward to the workers concerned, count.
+        False if nobody anywhere can receive it (what NATS' no-responders reports)."""
         n = len(payload)
         self.msgs_in += 1
         self.bytes_in += n
@@ -219,28 +271,84 @@ class Hub:
             self._counted.append(route)
         route.msgs += 1
         route.bytes += n
+        delivered = self._deliver(route, kind, payload, reply, headers, origin)
+        remote, queued = route.remote, route.queued
+        if remote or queued:
+            owner = route.owner
+            send = self.fabric.send
+            plain = (route.subject, kind, payload, reply, headers, None)
+            if queued:
+                dispatch = ("q", self.index, origin.cid, not origin.echo)
+                if owner == self.index:
+                    self._dispatch_queues(route, kind, payload, reply, headers, dispatch)
+                elif owner not in remote:
+                    send(owner, (route.subject, kind, payload, reply, headers, dispatch))
+            for w in remote:
+                if queued and w == owner:
+                    send(w, (route.subject, kind, payload, reply, headers, dispatch))
+                else:
+                    send(w, plain)
+            self.schedule_flush()
+            return True
+        return delivered > 0
+
+    def _deliver(self, route: Route, kind: int, payload: bytes, reply: str | None, headers: bytes | None,
+                 origin: "Connection | None") -> int:
+        """To this worker's plain subscribers; -> how many deliveries."""
+        count = 0
         if route.ndjson:
             line = ndjson_codec.delivery(route.prefix, kind, payload, reply, headers)
             for conn in route.ndjson:
                 conn.deliver(line)
-        if route.remote:
-            msg = (route.subject, kind, payload, reply, headers)
-            send = self.fabric.send
-            for w in route.remote:
-                send(w, msg)
-            self.schedule_flush()
+            count += len(route.ndjson)
+        if route.nats:
+            out = Outgoing(route.subject_b, reply.encode() if reply else None, headers, as_bytes(kind, payload))
+            for sub in route.nats:
+                conn = sub.conn
+                if conn is origin and not conn.echo:
+                    continue
+                conn.deliver_msg(sub, out)
+                count += 1
+        for conn in route.others:
+            conn.deliver_message(route.subject, kind, payload, reply, headers)
+            count += 1
+        return count
 
-    def _deliver_remote(self, messages: list) -> None:
-        routes = self.routes
-        for subject, kind, payload, reply, headers in messages:
-            route = routes.get(subject)
+    def _dispatch_queues(self, route: Route, kind: int, payload: bytes, reply: str | None, headers: bytes | None,
+                         dispatch: tuple) -> None:
+        """This worker owns the subject: one member per queue group, wherever the members are."""
+        if route.groups is None:
+            route.groups = self.queues.groups(route.subject)
+        _, origin_worker, origin_cid, no_echo = dispatch
+        for worker, members in self.queues.pick(route.groups, origin_worker, origin_cid, no_echo).items():
+            if worker == self.index:
+                self._deliver_members(route.subject, kind, payload, reply, headers, members)
+            else:
+                self.fabric.send(worker, (route.subject, kind, payload, reply, headers, ("m", members)))
+
+    def _deliver_members(self, subject: str, kind: int, payload: bytes, reply: str | None, headers: bytes | None,
+                         members: list) -> None:
+        out = None
+        for group, cid, sid in members:
+            sub = self.queues.member(group, cid, sid, subject)
+            if sub is None or not sub.conn.may_receive(subject):
+                self.queue_dropped += 1
+                continue
+            if out is None:
+                out = Outgoing(subject.encode(), reply.encode() if reply else None, headers, as_bytes(kind, payload))
+            sub.conn.deliver_msg(sub, out)
+
+    def _from_fabric(self, messages: list) -> None:
+        for subject, kind, payload, reply, headers, extra in messages:
+            if extra is not None and extra[0] == "m":
+                self._deliver_members(subject, kind, payload, reply, headers, extra[1])
+                continue
+            route = self.routes.get(subject)
             if route is None:
                 route = self.route_for(subject)
-                routes = self.routes
-            if route.ndjson:
-                line = ndjson_codec.delivery(route.prefix, kind, payload, reply, headers)
-                for conn in route.ndjson:
-                    conn.deliver(line)
+            self._deliver(route, kind, payload, reply, headers, None)
+            if extra is not None and route.queued:
+                self._dispatch_queues(route, kind, payload, reply, headers, extra)
 
     # -- end of turn ----------------------------------------------------------------------------------------
     def mark_dirty(self, conn: "Connection") -> None:
@@ -267,7 +375,7 @@ class Hub:
 
     # -- fabric handler -------------------------------------------------------------------------------------
     def on_messages(self, src: int, messages: list) -> None:
-        self._deliver_remote(messages)
+        self._from_fabric(messages)
 
     def on_control(self, src: int, item: tuple) -> None:
         kind = item[0]
@@ -280,10 +388,24 @@ class Hub:
                 self._remote_by_peer[src].discard(item[1])
                 self._invalidate()
         elif kind == _INTEREST_SNAPSHOT:
-            self._drop_peer_interest(src)
+            patterns = self._remote_by_peer[src]
+            for pattern in patterns:
+                self.remote.remove(pattern, src)
             for pattern in item[1]:
                 self.remote.insert(pattern, src)
             self._remote_by_peer[src] = set(item[1])
+            self._invalidate()
+        elif kind == _QUEUE_ADD:
+            if self.queues.add_remote(src, item[1], item[2]):
+                self._invalidate()
+        elif kind == _QUEUE_DEL:
+            if self.queues.remove_remote(src, item[1], item[2]):
+                self._invalidate()
+        elif kind == _QUEUE_SNAPSHOT:
+            self.queues.drop_peer(src)
+            for pattern, member in item[1]:
+                self.queues.add_remote(src, pattern, member)
+            self._invalidate()
         elif kind == _COUNTERS:
             self.owned.merge(item[1])
         elif kind == _FIN:
@@ -295,6 +417,7 @@ class Hub:
 
     def on_peer_hello(self, src: int) -> None:
         self.fabric.control(src, (_INTEREST_SNAPSHOT, list(self._local_refs)))
+        self.fabric.control(src, (_QUEUE_SNAPSHOT, self.queues.snapshot()))
 
     def on_peer_reset(self, src: int) -> None:
         self._drop_peer_interest(src)
@@ -307,6 +430,7 @@ class Hub:
             for pattern in patterns:
                 self.remote.remove(pattern, src)
             patterns.clear()
+        self.queues.drop_peer(src)
         self._invalidate()
 
     def on_congestion(self, congested: bool) -> None:
@@ -362,7 +486,9 @@ class Hub:
             "worker": self.index,
             "connections": len(self.conns),
             "total_connections": self.total_connections,
-            "subscriptions": len(self.local),
+            "subscriptions": len(self.local) + len(self.queues.local),
+            "queue_subscriptions": len(self.queues.local),
+            "queue_dropped": self.queue_dropped,
             "patterns": len(self._local_refs),
             "remote_patterns": len(self.remote),
             "in_msgs": self.msgs_in,

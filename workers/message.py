@@ -28,3 +28,11 @@ def as_json(kind: int, payload: bytes) -> tuple[bytes, bool]:
         return orjson.dumps(payload.decode()), False
     except UnicodeDecodeError:
         return b'"' + base64.b64encode(payload) + b'"', True
+
+
+def as_bytes(kind: int, payload: bytes) -> bytes:
+    """The payload as NATS (or Bridge) subscribers receive it: an NDJSON string as its UTF-8 bytes, any other JSON
+    value as its JSON encoding, raw bytes as they are."""
+    if kind == KIND_JSON and payload[:1] == b'"':
+        return orjson.loads(payload).encode()
+    return payload

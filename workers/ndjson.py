@@ -145,7 +145,7 @@ class NdjsonSession(Connection):
         hub = self.hub
         topic = req.get("topic")
         route = hub.routes.get(topic) if type(topic) is str else None
-        if route is None:
+        if route is None or route.wild:
             topic = self._topic(req, is_valid_literal)
             if topic is None:
                 return
@@ -154,7 +154,7 @@ class NdjsonSession(Connection):
             self.send(codec.reply(req, "permission_denied"))
             return
         self.msgs_in += 1
-        hub.publish(route, KIND_JSON, codec.encode_data(line, req.get("data")), None, None)
+        hub.publish(route, KIND_JSON, codec.encode_data(line, req.get("data")), None, None, self)
         self.send(codec.reply(req))
 
     def op_sub(self, req: dict, line: bytes) -> None:
@@ -224,7 +224,7 @@ class NdjsonSession(Connection):
         if self._auth_timer is not None:
             self._auth_timer.cancel()
             self._auth_timer = None
-        self._drop_forbidden_subscriptions()
+        self.drop_forbidden_subscriptions()
         return codec.reply(req)
 
     def _auth_failed(self, req: dict, reason: str) -> None:
@@ -234,14 +234,6 @@ class NdjsonSession(Connection):
             log.warning("closing connection %d from %s after %d failed auth attempts",
                         self.cid, self.peer[0], self._auth_failures)
             self.close()
-
-    def _drop_forbidden_subscriptions(self) -> None:
-        """After a (re-)auth: the subscriptions the user may not hold are dropped."""
-        for topic, sub in list(self.subs.items()):
-            if not self.user.permissions.may_subscribe(topic):
-                del self.subs[topic]
-                self.hub.unsubscribe(sub)
-        self.hub.subscription_changed()
 
     def _auth_timeout(self) -> None:
         self._auth_timer = None

@@ -33,6 +33,8 @@ from router.fabric import Fabric
 
 from .auth import Authenticator
 from .hub import Hub
+from .bridge import BridgeSession
+from .nats import NatsSession
 from .ndjson import NdjsonSession
 
 log = logging.getLogger("broker.worker")
@@ -40,17 +42,17 @@ log = logging.getLogger("broker.worker")
 EXIT_BOOT_FAILED = 3
 HEARTBEAT_INTERVAL = 1.0
 
-SESSIONS = {"ndjson": NdjsonSession}
+SESSIONS = {"ndjson": NdjsonSession, "nats": NatsSession, "bridge": BridgeSession}
 
 
 def main(index: int, epoch: int, workers: int, config: Config, runtime_dir: str, ctl_sock: socket.socket,
-         security_state: tuple[list[dict], str]) -> None:
+         security_state: tuple[list[dict], str], server_info: dict) -> None:
     """Entry point of the spawned process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
     setup_logging(config.logging.level, f"worker {index}")
-    worker = Worker(index, epoch, workers, config, runtime_dir, ctl_sock, Authenticator(config.security,
-                                                                                        *security_state))
+    worker = Worker(index, epoch, workers, config, runtime_dir, ctl_sock,
+                    Authenticator(config.security, *security_state), server_info)
     try:
         code = _run(worker.run(), config.workers.event_loop)
     except Exception:
@@ -86,9 +88,10 @@ def _die_with_parent() -> None:
 
 class Worker:
     def __init__(self, index: int, epoch: int, workers: int, config: Config, runtime_dir: str,
-                 ctl_sock: socket.socket, auth: Authenticator) -> None:
+                 ctl_sock: socket.socket, auth: Authenticator, server_info: dict) -> None:
         self.index = index
         self.auth = auth
+        self.server_info = server_info
         self._requests: dict[int, asyncio.Future] = {}
         self._next_req = 0
         self.epoch = epoch
@@ -128,6 +131,7 @@ class Worker:
     async def _boot(self) -> None:
         cfg = self.config
         self.hub = Hub(self.index, self.workers, cfg, self.auth)
+        self.hub.server_info = self.server_info
         self.hub.supervisor_request = self._request
         self.hub.auth_failed = lambda address: self.ctl.send({"k": "auth_fail", "ip": address})
         self.hub.fabric = Fabric(self.index, self.workers, self.epoch, self.runtime_dir, self.hub,
@@ -210,7 +214,7 @@ class Worker:
         data["pid"] = os.getpid()
         what = msg.get("what")
         if what == "conns":
-            data["conns"] = [c.info() | {"subjects": sorted(c.subs)} if msg.get("subs") else c.info()
+            data["conns"] = [c.info() | {"subscriptions_list": c.subjects()} if msg.get("subs") else c.info()
                              for c in hub.conns.values()]
         elif what == "subjects":
             data["subjects"] = hub.owned.top(int(msg.get("limit", 100)), msg.get("subject"))

@@ -1,0 +1,135 @@
+"""A client connection speaking Bridge's binary protocol (see ``bridge_codec`` and docs/bridge.md).
+
+Fixed against the original: a connection may carry several commands (any number of ``S`` and ``U``, then at most
+one ``P``, whose data runs to the end of the stream); ``U`` really unsubscribes; there is no per-publish heartbeat,
+so a dead subscriber never stalls a publisher.
+
+A ``P`` stream becomes one message on ``bridge.<topic>`` when the publisher half-closes (at most
+``bridge.max_publish_bytes``); ``O`` is answered for each 128-byte chunk as it arrives.  Bridge subscribers receive
+any message on their subject, from any protocol, as chunks and the end marker.
+"""
+
+from __future__ import annotations
+
+from . import bridge_codec as codec
+from .connection import PAUSE_SYNC, Connection
+from .hub import Hub, Subscription
+from .message import KIND_RAW, as_bytes
+
+
+class BridgeSession(Connection):
+    protocol = "bridge"
+    close_on_eof = False
+
+    def __init__(self, hub: Hub, cid: int) -> None:
+        super().__init__(hub, cid)
+        self._buf = b""
+        self._publishing: str | None = None   # the subject of the P in progress
+        self._data: list[bytes] = []
+        self._size = 0
+        self._acked = 0                       # bytes of the P stream answered with O
+        self._waiting = False
+        self._max = hub.config.bridge.max_publish_bytes
+        if hub.auth.enabled:
+            self.user = hub.auth.registry.get(hub.config.bridge.user or "")
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        self.bytes_in += len(data)
+        if self._publishing is not None:
+            self._stream(data)
+            return
+        self._buf += data
+        if not self._waiting:
+            self._commands()
+
+    def _commands(self) -> None:
+        while len(self._buf) >= codec.COMMAND_SIZE and not self.closed:
+            cmd, topic = self._buf[0], self._buf[1:codec.COMMAND_SIZE]
+            self._buf = self._buf[codec.COMMAND_SIZE:]
+            subject = codec.subject(topic)
+            if cmd == codec.CMD_PUBLISH:
+                if not self._allowed(subject, publish=True):
+                    self._fail()
+                    return
+                self._publishing = subject
+                rest, self._buf = self._buf, b""
+                if rest:
+                    self._stream(rest)
+                return
+            if cmd == codec.CMD_SUBSCRIBE:
+                if not self._allowed(subject, publish=False):
+                    self._fail()
+                    return
+                if subject not in self.subs:
+                    sub = self.subs[subject] = Subscription(self, subject, subject)
+                    if not self.hub.subscribe(sub, self._in_force):
+                        self._waiting = True
+                        self.pause(PAUSE_SYNC)
+                        return
+                self.send(codec.OK)
+            elif cmd == codec.CMD_UNSUBSCRIBE:
+                sub = self.subs.pop(subject, None)
+                if sub is not None:
+                    self.hub.unsubscribe(sub)
+                self.send(codec.OK)
+            else:
+                self._fail()
+                return
+
+    def _in_force(self) -> None:
+        if self.closed:
+            return
+        self._waiting = False
+        self.send(codec.OK)
+        self.resume(PAUSE_SYNC)
+        self._commands()
+
+    def _allowed(self, subject: str, publish: bool) -> bool:
+        if not self.hub.auth.enabled:
+            return True
+        if self.user is None:
+            return False
+        perms = self.user.permissions
+        return perms.may_publish(subject) if publish else perms.may_subscribe(subject)
+
+    def _fail(self) -> None:
+        self.send(codec.FAIL)
+        self.close()
+
+    # -- publishing -----------------------------------------------------------------------------------------
+    def _stream(self, data: bytes) -> None:
+        self._size += len(data)
+        full = (min(self._size, self._max) - self._acked) // codec.CHUNK  # chunks within the limit
+        if full:
+            self.send(codec.OK * full)
+            self._acked += full * codec.CHUNK
+        if self._size > self._max:
+            self._fail()
+            return
+        self._data.append(data)
+
+    def eof_received(self) -> bool:
+        if self._publishing is None or self.closed:
+            return super().eof_received()  # a subscriber that half-closed still receives deliveries
+        self.peer_eof = True
+        if self._size > self._acked:
+            self.send(codec.OK)  # the last, partial chunk
+        payload = b"".join(self._data)
+        self._data = []
+        hub = self.hub
+        route = hub.routes.get(self._publishing) or hub.route_for(self._publishing)
+        self.msgs_in += 1
+        hub.publish(route, KIND_RAW, payload, None, None, self)
+        self.close()
+        return True
+
+    # -- delivery -------------------------------------------------------------------------------------------
+    def deliver_message(self, subject: str, kind: int, payload: bytes, reply: str | None,
+                        headers: bytes | None) -> None:
+        framed = codec.chunks(as_bytes(kind, payload))
+        self.msgs_out += 1
+        self.bytes_out += sum(map(len, framed))
+        for part in framed:
+            self.send(part)

@@ -1,0 +1,379 @@
+"""A client connection speaking the NATS core protocol, so NATS clients (nats-py, nats.go, ...) work unchanged.
+
+Behaviour follows nats-server where a client can tell (see docs/nats.md and shared reference transcripts): INFO on
+connect; CONNECT options (verbose, pedantic, echo, headers, no_responders, user/pass, auth_token); PING/PONG both
+ways, with stale connections closed; PUB/HPUB, SUB with queue groups, UNSUB with a limit; MSG/HMSG; ``+OK`` in
+verbose mode; the ``-ERR`` texts of nats-server and whether each closes the connection.
+
+Ordering: a SUB is in force locally at once; other workers learn of it asynchronously, and a PING (what a client's
+``flush()`` sends) is answered only once every earlier SUB is in force on every worker.  So after ``flush()``, a
+publish from any client reaches the new subscription.  A CONNECT with credentials holds everything after it until
+the password check (in a thread pool) is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import orjson
+
+from router.subjects import covers, is_valid_pattern
+
+from . import nats_codec as codec
+from .connection import PAUSE_SYNC, Connection
+from .hub import Hub, Subscription
+from .message import KIND_RAW
+
+log = logging.getLogger("broker.nats")
+
+_OP_SEND = 100  # a reply held back until earlier subscriptions are in force (verbose +OK)
+
+ERR_AUTH_VIOLATION = "Authorization Violation"
+ERR_AUTH_TIMEOUT = "Authentication Timeout"
+ERR_STALE = "Stale Connection"
+ERR_INVALID_SUBJECT = "Invalid Subject"
+ERR_INVALID_PUB_SUBJECT = "Invalid Publish Subject"
+ERR_MAX_SUBS = "maximum subscriptions exceeded"
+ERR_PROTOCOL = "invalid client protocol"
+ERR_NO_RESPONDERS = "no responders requires headers support"
+
+_FIRST_PING = 2.0  # nats-server's first RTT ping after CONNECT
+
+
+def _quoted(text: str) -> str:
+    """Go's %q for what a subject can hold."""
+    return orjson.dumps(text).decode()
+
+
+class NatsSession(Connection):
+    protocol = "nats"
+
+    def __init__(self, hub: Hub, cid: int) -> None:
+        super().__init__(hub, cid)
+        cfg = hub.config.nats
+        self._cfg = cfg
+        self._parser = codec.Parser(cfg.max_control_line, cfg.max_payload)
+        self._secure = hub.auth.enabled
+        # nats-server's defaults before (and without) CONNECT; CONNECT overrides the keys it carries.
+        self.verbose = True
+        self.pedantic = True
+        self.echo = True
+        self.headers = False
+        self.no_responders = False
+        self.name = self.lang = self.version = ""
+        self.connected = False
+        self._held: list | None = None
+        self._waiting_syncs = False
+        self._syncs = 0
+        self._pings_out = 0
+        self._pinged = False
+        self._last_read = time.monotonic()
+        self._ping_timer: asyncio.TimerHandle | None = None
+        self._auth_timer: asyncio.TimerHandle | None = None
+
+    # -- life cycle -----------------------------------------------------------------------------------------
+    def opened(self) -> None:
+        info = dict(self.hub.server_info, client_id=self.cid, client_ip=self.peer[0])
+        if self._secure:
+            info["auth_required"] = True
+            self._auth_timer = self.hub.loop.call_later(self.hub.auth.config.auth_timeout, self._auth_timeout)
+        self.send(codec.info(orjson.dumps(info)))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for timer in (self._ping_timer, self._auth_timer):
+            if timer is not None:
+                timer.cancel()
+        super().connection_lost(exc)
+
+    def _fail(self, text: str | None) -> None:
+        """nats-server's way out: the -ERR (if the error has one), then close."""
+        if text is not None:
+            self.send(codec.err(text))
+        self.close()
+
+    # -- input ----------------------------------------------------------------------------------------------
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        self.bytes_in += len(data)
+        self._last_read = time.monotonic()
+        cmds = self._parser.feed(data)
+        if self._held is not None:
+            self._held.extend(cmds)
+            return
+        self._run(cmds)
+        if self.hub.congested and not self.closed:
+            self.pause_for_fabric()
+
+    def _run(self, cmds: list) -> None:
+        it = iter(cmds)
+        for cmd in it:
+            self._exec(cmd)
+            if self._held is not None:
+                self._held.extend(it)
+                return
+            if self.closed:
+                return
+
+    def _exec(self, cmd: tuple) -> None:
+        op = cmd[0]
+        if self._secure and self.user is None and op not in (codec.OP_CONNECT, codec.OP_ERR, _OP_SEND):
+            self._fail(ERR_AUTH_VIOLATION)
+            return
+        if op == codec.OP_PUB:
+            self._pub(cmd[1], cmd[2], cmd[3], cmd[4])
+        elif op == codec.OP_PING:
+            if self._syncs:
+                self._hold_until_synced(cmd)
+            else:
+                self.send(codec.PONG)
+        elif op == codec.OP_SUB:
+            self._sub(cmd[1], cmd[2], cmd[3])
+        elif op == codec.OP_UNSUB:
+            self._unsub(cmd[1], cmd[2])
+        elif op == codec.OP_PONG:
+            self._pings_out = 0
+        elif op == codec.OP_CONNECT:
+            self._connect(cmd[1])
+        elif op == _OP_SEND:
+            if self._syncs:
+                self._hold_until_synced(cmd)
+            else:
+                self.send(cmd[1])
+        elif op == codec.OP_ERR:
+            self._fail(cmd[1])
+        # OP_INFO from a client carries nothing we use
+
+    # -- holding: replies wait for subscriptions, everything waits for a password check ---------------------
+    def _hold_until_synced(self, cmd: tuple) -> None:
+        self._held = [cmd]
+        self._waiting_syncs = True
+        self.pause(PAUSE_SYNC)
+
+    def _synced(self) -> None:
+        self._syncs -= 1
+        if not self._syncs and self._waiting_syncs:
+            self._waiting_syncs = False
+            self._resume()
+
+    def _resume(self) -> None:
+        if self.closed:
+            return
+        held, self._held = self._held or [], None
+        self._run(held)
+        if self._held is None:
+            self.resume(PAUSE_SYNC)
+
+    # -- CONNECT --------------------------------------------------------------------------------------------
+    def _connect(self, raw: bytes) -> None:
+        try:
+            opts = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            opts = None
+        if type(opts) is not dict:
+            self._fail(None)
+            return
+        flags = {}
+        for key in ("verbose", "pedantic", "echo", "headers", "no_responders", "tls_required"):
+            value = opts.get(key)
+            if value is not None and type(value) is not bool:
+                self._fail(None)  # nats-server cannot unmarshal it: protocol violation
+                return
+            flags[key] = value
+        protocol = opts.get("protocol", 0)
+        if type(protocol) is not int or not 0 <= protocol <= 1:
+            self._fail(ERR_PROTOCOL)
+            return
+        if "account" in opts or "new_account" in opts:
+            self._fail(ERR_AUTH_VIOLATION)
+            return
+        headers = bool(flags["headers"])
+        no_responders = bool(flags["no_responders"])
+        if no_responders and not headers:
+            self._fail(ERR_NO_RESPONDERS)
+            return
+        for key in ("verbose", "pedantic", "echo"):
+            if flags[key] is not None:
+                setattr(self, key, flags[key])
+        self.headers, self.no_responders = headers, no_responders
+        self.name = str(opts.get("name") or "")[:256]
+        self.lang = str(opts.get("lang") or "")[:64]
+        self.version = str(opts.get("version") or "")[:64]
+        if not self._secure:
+            self._connected()
+            return
+        user, password, token = opts.get("user"), opts.get("pass"), opts.get("auth_token")
+        if self.hub.auth.is_blocked(self.peer[0]):
+            self._fail(ERR_AUTH_VIOLATION)
+            return
+        if isinstance(user, str) and user and isinstance(password, str):
+            check = self.hub.auth.verify(user, password)
+        elif isinstance(token, str) and token:
+            check = self.hub.auth.verify_token(token)
+        else:
+            self._fail(ERR_AUTH_VIOLATION)
+            return
+        self._held = []
+        self.pause(PAUSE_SYNC)
+        asyncio.ensure_future(self._authenticate(check))
+
+    async def _authenticate(self, check) -> None:
+        try:
+            user = await check
+        except Exception:
+            log.exception("password check failed on connection %d", self.cid)
+            user = None
+        if self.closed:
+            return
+        if user is None:
+            self.hub.auth_failed(self.peer[0])
+            self._fail(ERR_AUTH_VIOLATION)
+            return
+        self.user = user
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
+            self._auth_timer = None
+        self.drop_forbidden_subscriptions()
+        self._connected()
+        self._resume()
+
+    def _connected(self) -> None:
+        if self.verbose:
+            self.send(codec.OK)
+        if not self.connected:
+            self.connected = True
+            self._ping_timer = self.hub.loop.call_later(min(_FIRST_PING, self._cfg.ping_interval), self._ping_tick)
+
+    # -- PUB / HPUB -----------------------------------------------------------------------------------------
+    def _pub(self, subject_b: bytes, reply_b: bytes | None, headers: bytes | None, payload: bytes) -> None:
+        if headers is not None and not self.headers:
+            self._fail(None)  # HPUB without negotiating headers: nats-server closes, without -ERR
+            return
+        hub = self.hub
+        try:
+            subject = subject_b.decode()
+        except UnicodeDecodeError:
+            subject = ""
+        route = hub.routes.get(subject)
+        if route is None:
+            if not is_valid_pattern(subject, hub.limits.max_topic_length):
+                if self.pedantic:
+                    self.send(codec.err(ERR_INVALID_PUB_SUBJECT))
+                return  # nats-server drops it: nothing can match an empty token
+            route = hub.route_for(subject)
+        if route.wild and self.pedantic:
+            self.send(codec.err(ERR_INVALID_PUB_SUBJECT))  # and delivers it all the same, as nats-server does
+        if self._secure and not self.user.permissions.may_publish(subject):
+            self.send(codec.err(f"Permissions Violation for Publish to {_quoted(subject)}"))
+            return
+        reply = None
+        if reply_b is not None:
+            try:
+                reply = reply_b.decode()
+            except UnicodeDecodeError:
+                return
+        if self.verbose:
+            self.send(codec.OK)  # before the delivery, as nats-server: a publisher subscribed to it sees +OK first
+        self.msgs_in += 1
+        received = hub.publish(route, KIND_RAW, payload, reply, headers, self)
+        if not received and reply is not None and self.no_responders:
+            self._no_responders(reply, reply_b)
+
+    def _no_responders(self, reply: str, reply_b: bytes) -> None:
+        """Nobody was subscribed: tell the requester at once (a 503 status on its own inbox subscription)."""
+        for sub in self.subs.values():
+            if covers(sub.subject, reply):
+                self.send(codec.no_responders(reply_b, sub.sid))
+                return
+
+    # -- SUB / UNSUB ----------------------------------------------------------------------------------------
+    def _sub(self, subject_b: bytes, queue_b: bytes | None, sid: bytes) -> None:
+        try:
+            subject = subject_b.decode()
+            queue = queue_b.decode() if queue_b is not None else None
+        except UnicodeDecodeError:
+            subject, queue = "", None
+        if not is_valid_pattern(subject, self.hub.limits.max_topic_length):
+            self.send(codec.err(ERR_INVALID_SUBJECT))
+            return
+        if self._secure and not self.user.permissions.may_subscribe(subject):
+            text = f"Permissions Violation for Subscription to {_quoted(subject)}"
+            if queue is not None:
+                text += f" using queue {_quoted(queue)}"
+            self.send(codec.err(text))
+            return
+        if sid in self.subs:  # a duplicate sid is ignored, the first subscription stays (as nats-server)
+            if self.verbose:
+                self.send(codec.OK)
+            return
+        if len(self.subs) >= self.hub.limits.max_subscriptions:
+            self.send(codec.err(ERR_MAX_SUBS))
+            return
+        sub = Subscription(self, subject, sid, queue)
+        self.subs[sid] = sub
+        if not self.hub.subscribe(sub, self._synced):
+            self._syncs += 1
+            if self.verbose:
+                self._hold_until_synced((_OP_SEND, codec.OK))
+                return
+        if self.verbose:
+            self.send(codec.OK)
+
+    def _unsub(self, sid: bytes, limit: int | None) -> None:
+        sub = self.subs.get(sid)
+        if sub is not None:
+            if limit and limit > sub.delivered:
+                sub.max_msgs = limit
+            else:
+                self.remove_subscription(sub)
+        if self.verbose:
+            self.send(codec.OK)
+
+    def remove_subscription(self, sub: Subscription) -> None:
+        if self.subs.get(sub.sid) is sub:
+            del self.subs[sub.sid]
+            self.hub.unsubscribe(sub)
+
+    # -- delivery -------------------------------------------------------------------------------------------
+    def deliver_msg(self, sub: Subscription, out: codec.Outgoing) -> None:
+        if self.headers and out.hbody:
+            line, body = out.hmsg_line(sub.sid), out.hbody
+        else:
+            line, body = out.msg_line(sub.sid), out.body
+        self.msgs_out += 1
+        self.bytes_out += len(line) + len(body)
+        self.send(line)
+        self.send(body)
+        sub.delivered += 1
+        if sub.max_msgs and sub.delivered >= sub.max_msgs:
+            self.remove_subscription(sub)
+
+    # -- keepalive and timeouts -----------------------------------------------------------------------------
+    def _ping_tick(self) -> None:
+        """As nats-server: a first PING shortly after CONNECT, then one per interval unless the client was heard
+        from within it; more than ``ping_max`` unanswered and the connection is stale."""
+        self._ping_timer = None
+        if self.closed:
+            return
+        interval = self._cfg.ping_interval
+        if not self._pinged or time.monotonic() - self._last_read >= interval:
+            if self._pings_out + 1 > self._cfg.ping_max:
+                self._fail(ERR_STALE)
+                return
+            self._pings_out += 1
+            self._pinged = True
+            self.send(codec.PING)
+        self._ping_timer = self.hub.loop.call_later(interval, self._ping_tick)
+
+    def _auth_timeout(self) -> None:
+        self._auth_timer = None
+        if self.user is None and not self.closed:
+            self._fail(ERR_AUTH_TIMEOUT)
+
+    def user_deleted(self) -> None:
+        self._fail(ERR_AUTH_VIOLATION)
+
+    def info(self) -> dict:
+        return super().info() | {"name": self.name, "lang": self.lang, "version": self.version}
