@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -240,6 +241,59 @@ def user_list(ctx: click.Context) -> None:
     """List users and their permissions."""
     for entry in _admin_call(ctx, "admin.list_users")["users"]:
         click.echo(f"{entry['user']}\t{' '.join(entry['permissions'])}")
+
+
+@cli.command()
+@click.option("-s", "--scenarios", default="fanout1,fanout10,fanout100,nn,wide,latency,connections",
+              show_default=True, help="Comma-separated: fanout1 fanout10 fanout100 nn wide latency connections.")
+@click.option("--peers", default="nats,redis", show_default=True,
+              help="Servers to compare with, started on free loopback ports if installed: nats, redis (or none).")
+@click.option("--protocols", default="nats,ndjson", show_default=True, help="This broker's protocols to measure.")
+@click.option("--payload", type=click.IntRange(32, 1 << 20), default=128, show_default=True, help="Bytes per message.")
+@click.option("--duration", type=click.FloatRange(0.1, 600), default=3.0, show_default=True,
+              help="Seconds of publishing per run.")
+@click.option("--rounds", type=click.IntRange(1, 50), default=3, show_default=True,
+              help="Runs per scenario and server, alternating servers; medians are reported.")
+@click.option("--workers", type=int, help="Broker workers (default: one per CPU).")
+@click.option("--procs", type=click.IntRange(1, 64), default=2, show_default=True, help="Load-generator processes.")
+@click.option("--nn", type=click.IntRange(1, 1000), default=8, show_default=True, help="N for the N→N scenario.")
+@click.option("--wide", type=click.IntRange(1, 100_000), default=5000, show_default=True,
+              help="Subscribers in the wide fan-out.")
+@click.option("--rate", type=click.FloatRange(1, 1e7), default=20000, show_default=True,
+              help="Messages per second in the latency scenario.")
+@click.option("--connections", type=click.IntRange(1, 1_000_000), default=10000, show_default=True,
+              help="Connections in the connection-scale scenario.")
+@click.option("--out", default="bench-results", show_default=True, help="Directory for the JSON and PNG files.")
+def bench(scenarios: str, peers: str, protocols: str, payload: int, duration: float, rounds: int,
+          workers: int | None, procs: int, nn: int, wide: int, rate: float, connections: int, out: str) -> None:
+    """Measure this broker against nats-server and Redis, side by side, in one run."""
+    import time
+
+    from .bench import report
+    from .bench.scenarios import Bench, Options, scenarios as catalog
+
+    names = [s for s in scenarios.split(",") if s]
+    unknown = [s for s in names if s not in catalog(nn, wide, rate, connections)]
+    if unknown:
+        raise click.BadParameter(f"unknown scenario(s): {', '.join(unknown)}", param_hint="--scenarios")
+    peer_list = [p for p in peers.split(",") if p and p != "none"]
+    bad = [p for p in peer_list if p not in ("nats", "redis")]
+    if bad:
+        raise click.BadParameter(f"unknown peer(s): {', '.join(bad)}", param_hint="--peers")
+    opts = Options(scenarios=names, peers=peer_list, protocols=[p for p in protocols.split(",") if p],
+                   payload=payload, duration=duration, rounds=rounds, workers=workers, procs=procs, nn=nn,
+                   wide=wide, rate=rate, connections=connections)
+    result = Bench(opts, log=lambda msg: click.echo(msg, err=True)).run()
+    click.echo(report.table(result))
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    json_path = os.path.join(out, f"bench-{stamp}.json")
+    report.write_json(result, json_path)
+    click.echo(f"\nresults: {json_path}")
+    png_path = os.path.join(out, f"bench-{stamp}.png")
+    if report.chart(result, png_path):
+        click.echo(f"chart:   {png_path}")
+    else:
+        click.echo("chart:   skipped (pip install matplotlib)")
 
 
 def main() -> None:

@@ -111,6 +111,7 @@ class Fabric:
         self._dirty: set[int] = set()
         self._waiters: list[tuple[dict[int, int] | None, Callable[[], None]]] = []
         self._congested = False
+        self._input_paused = False
         self._ready = asyncio.get_running_loop().create_future()
         self._loop = asyncio.get_running_loop()
         self._hello_timer: asyncio.TimerHandle | None = None
@@ -127,6 +128,8 @@ class Fabric:
         self.sub = self._ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.RCVHWM, hwm)
         self.sub.setsockopt(zmq.LINGER, 0)
+        self.sub.setsockopt(zmq.RECONNECT_IVL, 10)       # a replaced worker's endpoint comes back in ~0.2 s:
+        self.sub.setsockopt(zmq.RECONNECT_IVL_MAX, 100)  # find it again promptly, not after seconds
         self.sub.setsockopt(zmq.SUBSCRIBE, frames.prefix(index))
         for p in self.links:
             self.sub.connect(endpoint(runtime_dir, p))
@@ -194,7 +197,7 @@ class Fabric:
                 chunk, msgs = msgs[:_MAX_FRAME_MESSAGES], msgs[_MAX_FRAME_MESSAGES:]
                 link.out_seq += 1
                 frame = frames.encode(dst, self.index, self.epoch, link.out_seq, link.out_msg_count,
-                                      link.processed, chunk, ctrl)
+                                      link.processed, max(0, link.in_epoch), chunk, ctrl)
                 ctrl = []
                 link.out_msg_count += len(chunk)
                 link.messages_out += len(chunk)
@@ -210,7 +213,7 @@ class Fabric:
             if link.ack_owed:
                 link.ack_owed = False
                 send(frames.encode(link.peer, self.index, self.epoch, 0, link.out_msg_count, link.processed,
-                                   [], []), zmq.NOBLOCK)
+                                   max(0, link.in_epoch), [], []), zmq.NOBLOCK)
         if self._waiters:
             self._fix_waiters()
         self._check_congestion()
@@ -239,11 +242,22 @@ class Fabric:
         self._waiters = keep
 
     # -- receiving ------------------------------------------------------------------------------------------
+    def pause_input(self, paused: bool) -> None:
+        """Stop (or resume) processing frames: unprocessed frames are not acknowledged, so senders' windows
+        fill and they hold their publishers back.  The worker's consumers use it to slow down remote publishers."""
+        if paused == self._input_paused:
+            return
+        self._input_paused = paused
+        if not paused:
+            self._loop.call_soon(self._on_readable)  # the fd is edge-triggered: frames may be waiting already
+
     def _on_readable(self) -> None:
-        if self._closed:
+        if self._closed or self._input_paused:
             return
         recv = self.sub.recv
         for _ in range(_RECV_BUDGET):
+            if self._input_paused:  # a frame just delivered made a consumer congested: stop here
+                break
             try:
                 frame = recv(zmq.NOBLOCK)
             except zmq.Again:
@@ -257,7 +271,7 @@ class Fabric:
         self.handler.schedule_flush()
 
     def _handle(self, frame: bytes) -> None:
-        src, epoch, seq, msgs_before, ack, messages, control = frames.decode(frame)
+        src, epoch, seq, msgs_before, ack, ack_epoch, messages, control = frames.decode(frame)
         link = self.links.get(src)
         if link is None:
             raise ValueError(f"frame from unknown worker {src}")
@@ -276,7 +290,7 @@ class Fabric:
             link.in_msg_count = msgs_before
             link.forget_inflight()
             link.up = False
-        if ack:
+        if ack and ack_epoch == self.epoch:  # an ack of our frames, not of our predecessor's
             self._on_ack(link, ack)
         if seq == 0:
             return  # ack-only

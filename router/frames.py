@@ -2,7 +2,7 @@
 
 A frame is one ZeroMQ message:
 
-    dst:u16 | src:u16 | epoch:u32 | seq:u64 | msgs_before:u64 | ack:u64 | body
+    dst:u16 | src:u16 | epoch:u32 | seq:u64 | msgs_before:u64 | ack:u64 | ack_epoch:u32 | body
 
 - ``dst`` comes first because ZeroMQ SUB filters on a prefix: each worker subscribes to its own index only, so the
   PUB side sends a frame to the one worker it is addressed to.
@@ -10,8 +10,10 @@ A frame is one ZeroMQ message:
 - ``seq`` numbers the frames of the link src->dst from 1; a gap means frames were lost.  ``msgs_before`` counts the
   messages sent on the link before this frame, so the receiver can say how many messages a gap lost.
 - ``ack`` is the highest ``seq`` of the link dst->src that the sender has processed: it releases the receiver's flow
-  control window and tells it that earlier interest changes are in force.  Ack-only frames carry seq 0 and no body;
-  they are not part of the sequence (losing one is harmless, the next ack covers it).
+  control window and tells it that earlier interest changes are in force.  ``ack_epoch`` says which incarnation of
+  dst those frames came from: a worker that has just replaced a dead one must not take acks meant for its
+  predecessor as proof that its own frames arrive.  Ack-only frames carry seq 0 and no body; they are not part of
+  the sequence (losing one is harmless, the next ack covers it).
 - ``body`` is ``marshal`` of ``(messages, control)``: messages are ``(subject, kind, payload, reply, headers)``
   tuples; control is a list of small tuples (interest changes, hello, counters).  marshal is C-fast and only builds
   plain values; it is not safe for untrusted input, which is why the fabric lives in a private 0700 directory and
@@ -23,7 +25,7 @@ from __future__ import annotations
 import marshal
 import struct
 
-_HEADER = struct.Struct("!HHIQQQ")
+_HEADER = struct.Struct("!HHIQQQI")
 HEADER_SIZE = _HEADER.size
 _PREFIX = struct.Struct("!H")
 
@@ -35,23 +37,23 @@ def prefix(dst: int) -> bytes:
     return _PREFIX.pack(dst)
 
 
-def encode(dst: int, src: int, epoch: int, seq: int, msgs_before: int, ack: int,
+def encode(dst: int, src: int, epoch: int, seq: int, msgs_before: int, ack: int, ack_epoch: int,
            messages: list, control: list) -> bytes:
-    head = _HEADER.pack(dst, src, epoch, seq, msgs_before, ack)
+    head = _HEADER.pack(dst, src, epoch, seq, msgs_before, ack, ack_epoch)
     if not messages and not control:
         return head
     return head + marshal.dumps((messages, control))
 
 
-def decode(frame: bytes) -> tuple[int, int, int, int, int, list, list]:
-    """-> (src, epoch, seq, msgs_before, ack, messages, control).  Raises ValueError on a malformed frame."""
+def decode(frame: bytes) -> tuple[int, int, int, int, int, int, list, list]:
+    """-> (src, epoch, seq, msgs_before, ack, ack_epoch, messages, control).  ValueError on a malformed frame."""
     if len(frame) < HEADER_SIZE:
         raise ValueError("short fabric frame")
-    _dst, src, epoch, seq, msgs_before, ack = _HEADER.unpack_from(frame)
+    _dst, src, epoch, seq, msgs_before, ack, ack_epoch = _HEADER.unpack_from(frame)
     if len(frame) == HEADER_SIZE:
-        return src, epoch, seq, msgs_before, ack, [], []
+        return src, epoch, seq, msgs_before, ack, ack_epoch, [], []
     try:
         messages, control = marshal.loads(memoryview(frame)[HEADER_SIZE:])
     except (EOFError, TypeError, ValueError) as exc:
         raise ValueError(f"bad fabric frame body: {exc}") from None
-    return src, epoch, seq, msgs_before, ack, messages, control
+    return src, epoch, seq, msgs_before, ack, ack_epoch, messages, control

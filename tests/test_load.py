@@ -2,6 +2,10 @@
 
 import asyncio
 import socket
+import threading
+import time
+
+import pytest
 
 from cli.client import AsyncClient
 from harness import Raw
@@ -71,3 +75,34 @@ def test_thousand_connections_on_two_workers_all_receive_a_broadcast(start_broke
         await asyncio.gather(*(c.close() for c in clients))
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["same-worker", "cross-worker"])
+def test_slow_but_steady_subscriber_sets_the_pace_instead_of_being_cut(start_broker, workers):
+    """Backpressure: a publisher that outruns a subscriber which does read is slowed down; nothing is lost."""
+    b = start_broker(workers=workers, config={"limits": {"max_pending_bytes": 256 * 1024}})
+    n, payload = 4000, "s" * 1000   # 4 MB through a 256 KiB bound, read at about 1 MB/s
+    with Raw(b.port) as sub, Raw(b.port) as pub:
+        sub.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        if workers == 2 and sub.request({"op": "info"})["info"]["worker"] == \
+                pub.request({"op": "info"})["info"]["worker"]:
+            pub.close()
+            pub = Raw(b.port)
+        sub.request({"op": "sub", "topic": "pace"})
+        line = b'{"op":"pub","topic":"pace","data":"%s"}\n' % payload.encode()
+        pub.sock.settimeout(None)  # sendall's timeout is a total: the broker slows this publisher down on purpose
+        sender = threading.Thread(target=lambda: pub.send(line * n + b'{"op":"ping","id":"end"}\n'), daemon=True)
+        sender.start()
+        got = 0
+        while got < n:
+            sub.sock.settimeout(10)
+            data = sub.sock.recv(16384)
+            assert data, "the subscriber was cut"
+            got += data.count(b"\n")  # one line per delivery (a multi-byte marker could straddle two reads)
+            time.sleep(0.01)
+        sender.join(10)
+        while pub.json().get("id") != "end":
+            pass
+    varz = b.varz()
+    assert varz["slow_consumers"] == 0
+    assert sum(w["backpressure_episodes"] for w in varz["workers"]) > 0, "the publisher never had to wait"

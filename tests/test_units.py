@@ -94,12 +94,12 @@ def test_shard_owner_is_crc32_mod_n_and_stable():
 def test_frames_round_trip():
     msgs = [("a.b", KIND_JSON, b'"x"', None, None), ("c", KIND_RAW, b"\x00\xff", "inbox.1", b"NATS/1.0\r\n\r\n")]
     ctrl = [("+", "a.*"), ("cnt", [("a.b", 3, 9)])]
-    frame = frames.encode(5, 2, 9, 17, 100, 4, msgs, ctrl)
+    frame = frames.encode(5, 2, 9, 17, 100, 4, 7, msgs, ctrl)
     assert frame.startswith(frames.prefix(5))
-    assert frames.decode(frame) == (2, 9, 17, 100, 4, msgs, ctrl)
-    ack_only = frames.encode(1, 0, 3, 0, 0, 12, [], [])
+    assert frames.decode(frame) == (2, 9, 17, 100, 4, 7, msgs, ctrl)
+    ack_only = frames.encode(1, 0, 3, 0, 0, 12, 7, [], [])
     assert len(ack_only) == frames.HEADER_SIZE
-    assert frames.decode(ack_only) == (0, 3, 0, 0, 12, [], [])
+    assert frames.decode(ack_only) == (0, 3, 0, 0, 12, 7, [], [])
     with pytest.raises(ValueError):
         frames.decode(b"\x00\x01")
     with pytest.raises(ValueError):

@@ -4,7 +4,9 @@ Writes are queued (``send``) and leave once per event-loop turn (``flush``, one 
 or earlier when a burst reaches ``flush_at``.  What the transport still holds after a write is what the client has
 not read; past ``limits.max_pending_bytes`` the client is a slow consumer and is disconnected at once, so that
 nobody waits for it and the worker's memory stays bounded (by the limit plus one burst).  Reading is paused, never blocked, for two reasons that may
-overlap: a subscription being propagated to other workers, and fabric congestion.
+overlap: a request still being completed (a subscription reaching the other workers, a password check), and the
+worker holding its publishers back (fabric congestion, or a consumer draining slower than they produce:
+``backpressure``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,14 @@ import asyncio
 import logging
 import socket
 import struct
+import sys
 import time
+
+try:
+    import fcntl
+    import termios
+except ImportError:  # not a POSIX system
+    fcntl = termios = None
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -24,8 +33,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("broker.conn")
 
 PAUSE_SYNC = 1
-PAUSE_FABRIC = 2
+PAUSE_HOLD = 2  # the worker holds its publishers back (fabric congestion, consumer backpressure)
 _LINGER_RESET = struct.pack("ii", 1, 0)
+# Linux: unacknowledged bytes in a TCP socket's send queue (SIOCOUTQ, the same number as TIOCOUTQ).
+_SIOCOUTQ = termios.TIOCOUTQ if termios is not None and sys.platform.startswith("linux") else None
 LINGER = 2.0  # seconds a closing connection waits for the client's own close once its output has drained
 
 
@@ -43,6 +54,7 @@ class Connection(asyncio.Protocol):
         self.user: "User | None" = None   # None: not authenticated (or security off)
         self.out: list[bytes] = []
         self.out_bytes = 0
+        self.queued_total = 0    # every byte ever queued: minus what is still unsent, what the client has taken
         self.max_pending = hub.limits.max_pending_bytes
         self.flush_at = min(256 * 1024, self.max_pending // 4)
         self.dirty = False
@@ -58,6 +70,7 @@ class Connection(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        transport.set_write_buffer_limits(high=self.hub.stall_bytes, low=self.hub.stall_bytes // 2)
         peer = transport.get_extra_info("peername")
         if peer:
             self.peer = (peer[0], peer[1])
@@ -88,6 +101,7 @@ class Connection(asyncio.Protocol):
             return
         self.out.append(data)
         self.out_bytes += len(data)
+        self.queued_total += len(data)
         if self.out_bytes >= self.flush_at:
             # A burst (one turn may process many fabric frames): hand it to the kernel now, so that what stays
             # pending is what the client has not read, not what this turn happened to produce.
@@ -114,6 +128,22 @@ class Connection(asyncio.Protocol):
             self.abort()
 
     @property
+    def delivered_bytes(self) -> int:
+        """Bytes the client's side has acknowledged so far: what backpressure calls progress.  The kernel's send
+        buffer (megabytes, autotuned) is subtracted too, or a client reading steadily would look stuck while the
+        kernel only refills that buffer in large steps."""
+        return self.queued_total - self.pending_bytes - self._kernel_unacked()
+
+    def _kernel_unacked(self) -> int:
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        if sock is None or _SIOCOUTQ is None:
+            return 0
+        try:
+            return struct.unpack("i", fcntl.ioctl(sock.fileno(), _SIOCOUTQ, b"\0\0\0\0"))[0]
+        except OSError:
+            return 0
+
+    @property
     def pending_bytes(self) -> int:
         if self.closed or self.transport is None:
             return 0
@@ -134,12 +164,19 @@ class Connection(asyncio.Protocol):
         if was and not self._paused and not self.closed:
             self.transport.resume_reading()
 
-    def pause_for_fabric(self) -> None:
-        self.pause(PAUSE_FABRIC)
-        self.hub.paused.add(self)
+    def hold(self) -> None:
+        self.pause(PAUSE_HOLD)
+        self.hub.held.add(self)
 
-    def resume_for_fabric(self) -> None:
-        self.resume(PAUSE_FABRIC)
+    def release(self) -> None:
+        self.resume(PAUSE_HOLD)
+
+    # transport flow control: the high-water mark is the backpressure threshold (see backpressure.py)
+    def pause_writing(self) -> None:
+        self.hub.backpressure.congested(self)
+
+    def resume_writing(self) -> None:
+        self.hub.backpressure.drained(self)
 
     # -- closing --------------------------------------------------------------------------------------------
     def close(self) -> None:

@@ -31,6 +31,7 @@ from router.sublist import Sublist
 
 from . import ndjson_codec
 from .message import as_bytes
+from .backpressure import Backpressure
 from .nats_codec import Outgoing
 from .queues import QueueTable
 from .shardstate import SubjectTable
@@ -123,8 +124,11 @@ class Hub:
         self._fins: set[int] = set()
         self._fins_changed: asyncio.Event | None = None
         self.conns: dict[int, "Connection"] = {}
-        self.paused: set["Connection"] = set()
-        self.congested = False
+        self.held: set["Connection"] = set()        # publishers whose reading is paused while we hold back
+        self.congested = False                      # the fabric's window to some worker is full
+        self.backpressure = Backpressure(self.loop, self._hold_changed)
+        self.stall_bytes = max(1024, config.limits.max_pending_bytes // 4)
+        self.holding = False                        # either of the two: publishers must wait
         self.closed_since_report = 0
         self.started = time.time()
         self.msgs_in = self.bytes_in = self.msgs_out = self.bytes_out = 0
@@ -142,7 +146,8 @@ class Hub:
         for sub in list(conn.subs.values()):
             self.unsubscribe(sub)
         conn.subs.clear()
-        self.paused.discard(conn)
+        self.held.discard(conn)
+        self.backpressure.drained(conn)
         self.msgs_out += conn.msgs_out
         self.bytes_out += conn.bytes_out
         self.closed_since_report += 1
@@ -435,10 +440,19 @@ class Hub:
 
     def on_congestion(self, congested: bool) -> None:
         self.congested = congested
-        if not congested:
-            paused, self.paused = self.paused, set()
-            for conn in paused:
-                conn.resume_for_fabric()
+        self._hold_changed()
+
+    def _hold_changed(self) -> None:
+        """Fabric congestion or consumer backpressure began or ended: hold publishers (and, for backpressure,
+        the fabric's input) or let them go."""
+        pressure = self.backpressure.active
+        if self.fabric is not None:
+            self.fabric.pause_input(pressure)
+        self.holding = self.congested or pressure
+        if not self.holding:
+            held, self.held = self.held, set()
+            for conn in held:
+                conn.release()
 
     async def drain_fabric(self, deadline: float) -> bool:
         """Stopping, with clients no longer read: tell every peer this worker sends nothing more, and deliver
@@ -496,6 +510,8 @@ class Hub:
             "out_msgs": self.msgs_out + sum(c.msgs_out for c in live),
             "out_bytes": self.bytes_out + sum(c.bytes_out for c in live),
             "slow_consumers": self.slow_consumers,
+            "backpressure_episodes": self.backpressure.episodes,
+            "backpressure_released": self.backpressure.released,
             "route_cache": len(self.routes),
             "generation": self.generation,
             "owned_subjects": len(self.owned),

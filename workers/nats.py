@@ -104,8 +104,8 @@ class NatsSession(Connection):
             self._held.extend(cmds)
             return
         self._run(cmds)
-        if self.hub.congested and not self.closed:
-            self.pause_for_fabric()
+        if self.hub.holding and not self.closed:
+            self.hold()
 
     def _run(self, cmds: list) -> None:
         it = iter(cmds)

@@ -67,8 +67,8 @@ class NdjsonSession(Connection):
             self._held.extend(lines)
             return
         self._run(lines)
-        if self.hub.congested and not self.closed:
-            self.pause_for_fabric()
+        if self.hub.holding and not self.closed:
+            self.hold()
 
     def _run(self, lines: list) -> None:
         it = iter(lines)

