@@ -111,7 +111,7 @@ class Fabric:
         self._dirty: set[int] = set()
         self._waiters: list[tuple[dict[int, int] | None, Callable[[], None]]] = []
         self._congested = False
-        self._input_paused = False
+        self._input_paused: set[str] = set()
         self._ready = asyncio.get_running_loop().create_future()
         self._loop = asyncio.get_running_loop()
         self._hello_timer: asyncio.TimerHandle | None = None
@@ -242,13 +242,15 @@ class Fabric:
         self._waiters = keep
 
     # -- receiving ------------------------------------------------------------------------------------------
-    def pause_input(self, paused: bool) -> None:
-        """Stop (or resume) processing frames: unprocessed frames are not acknowledged, so senders' windows
-        fill and they hold their publishers back.  The worker's consumers use it to slow down remote publishers."""
-        if paused == self._input_paused:
-            return
-        self._input_paused = paused
-        if not paused:
+    def pause_input(self, reason: str, paused: bool) -> None:
+        """Stop (or resume) processing frames, for ``reason`` (several may overlap): unprocessed frames are not
+        acknowledged, so senders' windows fill and they hold their publishers back."""
+        was = bool(self._input_paused)
+        if paused:
+            self._input_paused.add(reason)
+        else:
+            self._input_paused.discard(reason)
+        if was and not self._input_paused:
             self._loop.call_soon(self._on_readable)  # the fd is edge-triggered: frames may be waiting already
 
     def _on_readable(self) -> None:

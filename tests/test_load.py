@@ -1,6 +1,7 @@
 """Bounded memory and fairness under load: slow consumers, many connections."""
 
 import asyncio
+import selectors
 import socket
 import threading
 import time
@@ -106,3 +107,38 @@ def test_slow_but_steady_subscriber_sets_the_pace_instead_of_being_cut(start_bro
     varz = b.varz()
     assert varz["slow_consumers"] == 0
     assert sum(w["backpressure_episodes"] for w in varz["workers"]) > 0, "the publisher never had to wait"
+
+
+def test_fan_out_storm_does_not_stall_a_worker(start_broker):
+    """7,000 messages to 2,000 subscribers: 14 million deliveries, up to 7 million from a single read.  Work is
+    budgeted per event-loop turn, so the workers keep their heartbeat (1 s here) and the monitoring answers."""
+    b = start_broker(workers=2, config={"workers": {"heartbeat_timeout": 1}})
+    n_subs, n_msgs = 2000, 7000
+    subs = []
+    try:
+        for _ in range(n_subs):
+            s = socket.create_connection(("127.0.0.1", b.port))
+            s.sendall(b'{"op":"sub","topic":"storm"}\n')
+            subs.append(s)
+        for s in subs:
+            assert s.recv(100) == b'{"ok":true}\n'
+        with Raw(b.port) as pub:
+            pub.sock.settimeout(None)
+            pub.send(b'{"op":"pub","topic":"storm","data":"%d"}\n' * n_msgs % tuple(range(n_msgs)))
+            time.sleep(0.3)
+            assert b.http("/healthz") == (200, {"status": "ok"})  # every worker answers in the middle of the storm
+            counts = [0] * n_subs
+            sel = selectors.DefaultSelector()
+            for i, s in enumerate(subs):
+                s.setblocking(False)
+                sel.register(s, selectors.EVENT_READ, i)
+            deadline = time.monotonic() + 60
+            while sum(counts) < n_subs * n_msgs and time.monotonic() < deadline:
+                for key, _ in sel.select(1):
+                    data = key.fileobj.recv(1 << 20)
+                    counts[key.data] += data.count(b"\n")
+            assert counts == [n_msgs] * n_subs
+    finally:
+        for s in subs:
+            s.close()
+    assert "sent no heartbeat" not in b.log()

@@ -37,6 +37,7 @@ PAUSE_HOLD = 2  # the worker holds its publishers back (fabric congestion, consu
 _LINGER_RESET = struct.pack("ii", 1, 0)
 # Linux: unacknowledged bytes in a TCP socket's send queue (SIOCOUTQ, the same number as TIOCOUTQ).
 _SIOCOUTQ = termios.TIOCOUTQ if termios is not None and sys.platform.startswith("linux") else None
+TURN_BUDGET = 20_000  # deliveries one event-loop turn may make before leaving the rest to the next turn
 LINGER = 2.0  # seconds a closing connection waits for the client's own close once its output has drained
 
 
@@ -60,6 +61,7 @@ class Connection(asyncio.Protocol):
         self.dirty = False
         self.closed = False
         self.peer_eof = False     # the client half-closed: nothing more to read
+        self._held: list | None = None   # items waiting for a suspended one to complete
         self.started = time.time()
         self._paused = 0
         self.msgs_in = self.bytes_in = self.msgs_out = self.bytes_out = 0
@@ -94,6 +96,52 @@ class Connection(asyncio.Protocol):
 
     def opened(self) -> None:
         """Hook for sessions that greet their client."""
+
+    # -- the client's requests, in order --------------------------------------------------------------------
+    # A session turns each read into items (lines, commands) and ``execute``s them in order.  An item whose
+    # completion comes later (a subscription reaching the other workers, a password check) suspends the rest:
+    # they wait in ``_held``, and reading pauses, until ``resume_held``.  A turn that has done its share of
+    # deliveries yields the rest to the next turn the same way, so no read can monopolise the event loop.
+    def execute(self, item) -> None:
+        raise NotImplementedError
+
+    def process(self, items: list) -> None:
+        if self._held is not None:
+            self._held.extend(items)
+            return
+        self._run(items)
+        if self.hub.holding and not self.closed:
+            self.hold()
+
+    def _run(self, items: list) -> None:
+        hub = self.hub
+        it = iter(items)
+        for item in it:
+            self.execute(item)
+            if self._held is not None:
+                self._held.extend(it)
+                return
+            if self.closed:
+                return
+            if hub.turn_work >= TURN_BUDGET:
+                rest = list(it)
+                if rest:
+                    self.suspend(rest)
+                    hub.loop.call_soon(self.resume_held)
+                return
+
+    def suspend(self, items: list | None = None) -> None:
+        """Hold ``items`` and everything after the current item until ``resume_held``."""
+        self._held = list(items or ())
+        self.pause(PAUSE_SYNC)
+
+    def resume_held(self) -> None:
+        if self.closed:
+            return
+        held, self._held = self._held or [], None
+        self._run(held)
+        if self._held is None:
+            self.resume(PAUSE_SYNC)
 
     # -- outbound -------------------------------------------------------------------------------------------
     def send(self, data: bytes) -> None:

@@ -20,6 +20,7 @@ the publisher ``cid`` of ``worker``), or ``("m", [(group, cid, sid), ...])`` (de
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from typing import TYPE_CHECKING, Awaitable, Callable
@@ -32,6 +33,7 @@ from router.sublist import Sublist
 from . import ndjson_codec
 from .message import as_bytes
 from .backpressure import Backpressure
+from .connection import TURN_BUDGET
 from .nats_codec import Outgoing
 from .queues import QueueTable
 from .shardstate import SubjectTable
@@ -118,6 +120,9 @@ class Hub:
 
         self._dirty: list["Connection"] = []
         self._flush_scheduled = False
+        self.turn_work = 0                        # deliveries made in this event-loop turn
+        self._backlog: collections.deque[list] = collections.deque()   # [messages from the fabric, next index]
+        self._backlog_scheduled = False
         self._counted: list[Route] = []
         self.owned = SubjectTable(config.limits.max_tracked_subjects)
 
@@ -317,6 +322,7 @@ class Hub:
         for conn in route.others:
             conn.deliver_message(route.subject, kind, payload, reply, headers)
             count += 1
+        self.turn_work += count
         return count
 
     def _dispatch_queues(self, route: Route, kind: int, payload: bytes, reply: str | None, headers: bytes | None,
@@ -342,18 +348,40 @@ class Hub:
             if out is None:
                 out = Outgoing(subject.encode(), reply.encode() if reply else None, headers, as_bytes(kind, payload))
             sub.conn.deliver_msg(sub, out)
+            self.turn_work += 1
 
-    def _from_fabric(self, messages: list) -> None:
-        for subject, kind, payload, reply, headers, extra in messages:
-            if extra is not None and extra[0] == "m":
-                self._deliver_members(subject, kind, payload, reply, headers, extra[1])
-                continue
-            route = self.routes.get(subject)
-            if route is None:
-                route = self.route_for(subject)
-            self._deliver(route, kind, payload, reply, headers, None)
-            if extra is not None and route.queued:
-                self._dispatch_queues(route, kind, payload, reply, headers, extra)
+    def _work_backlog(self) -> None:
+        """Deliver what other workers sent, in order, at most a turn's budget at a time: one frame can carry
+        thousands of messages, each for thousands of subscribers.  While a backlog remains, the fabric's input
+        is paused (so later frames cannot overtake it) and the rest waits for the next turn."""
+        self._backlog_scheduled = False
+        backlog = self._backlog
+        while backlog:
+            entry = backlog[0]
+            messages, i = entry
+            n = len(messages)
+            while i < n:
+                if self.turn_work >= TURN_BUDGET:
+                    entry[1] = i
+                    self.fabric.pause_input("backlog", True)
+                    if not self._backlog_scheduled:
+                        self._backlog_scheduled = True
+                        self.loop.call_soon(self._work_backlog)
+                    return
+                subject, kind, payload, reply, headers, extra = messages[i]
+                i += 1
+                if extra is not None and extra[0] == "m":
+                    self._deliver_members(subject, kind, payload, reply, headers, extra[1])
+                    continue
+                route = self.routes.get(subject)
+                if route is None:
+                    route = self.route_for(subject)
+                self._deliver(route, kind, payload, reply, headers, None)
+                if extra is not None and route.queued:
+                    self._dispatch_queues(route, kind, payload, reply, headers, extra)
+            backlog.popleft()
+        if self.fabric is not None:
+            self.fabric.pause_input("backlog", False)
 
     # -- end of turn ----------------------------------------------------------------------------------------
     def mark_dirty(self, conn: "Connection") -> None:
@@ -369,6 +397,7 @@ class Hub:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        self.turn_work = 0
         if self.fabric is not None:
             self.fabric.flush()
         dirty, self._dirty = self._dirty, []
@@ -380,7 +409,9 @@ class Hub:
 
     # -- fabric handler -------------------------------------------------------------------------------------
     def on_messages(self, src: int, messages: list) -> None:
-        self._from_fabric(messages)
+        self._backlog.append([messages, 0])
+        if len(self._backlog) == 1:
+            self._work_backlog()
 
     def on_control(self, src: int, item: tuple) -> None:
         kind = item[0]
@@ -447,7 +478,7 @@ class Hub:
         the fabric's input) or let them go."""
         pressure = self.backpressure.active
         if self.fabric is not None:
-            self.fabric.pause_input(pressure)
+            self.fabric.pause_input("backpressure", pressure)
         self.holding = self.congested or pressure
         if not self.holding:
             held, self.held = self.held, set()
@@ -466,7 +497,7 @@ class Hub:
         self.schedule_flush()
         while True:
             waiting = [p for p in fabric.up_peers() if p not in self._fins]
-            if not waiting:
+            if not waiting and not self._backlog:  # a fin can share a frame with messages still in the backlog
                 return True
             left = deadline - time.monotonic()
             if left <= 0:
@@ -474,7 +505,7 @@ class Hub:
                 return False
             self._fins_changed.clear()
             try:
-                await asyncio.wait_for(self._fins_changed.wait(), left)
+                await asyncio.wait_for(self._fins_changed.wait(), min(left, 0.05) if not waiting else left)
             except TimeoutError:
                 pass
 

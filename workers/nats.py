@@ -22,7 +22,7 @@ import orjson
 from router.subjects import covers, is_valid_pattern
 
 from . import nats_codec as codec
-from .connection import PAUSE_SYNC, Connection
+from .connection import Connection
 from .hub import Hub, Subscription
 from .message import KIND_RAW
 
@@ -64,7 +64,6 @@ class NatsSession(Connection):
         self.no_responders = False
         self.name = self.lang = self.version = ""
         self.connected = False
-        self._held: list | None = None
         self._waiting_syncs = False
         self._syncs = 0
         self._pings_out = 0
@@ -99,25 +98,9 @@ class NatsSession(Connection):
             return
         self.bytes_in += len(data)
         self._last_read = time.monotonic()
-        cmds = self._parser.feed(data)
-        if self._held is not None:
-            self._held.extend(cmds)
-            return
-        self._run(cmds)
-        if self.hub.holding and not self.closed:
-            self.hold()
+        self.process(self._parser.feed(data))
 
-    def _run(self, cmds: list) -> None:
-        it = iter(cmds)
-        for cmd in it:
-            self._exec(cmd)
-            if self._held is not None:
-                self._held.extend(it)
-                return
-            if self.closed:
-                return
-
-    def _exec(self, cmd: tuple) -> None:
+    def execute(self, cmd: tuple) -> None:
         op = cmd[0]
         if self._secure and self.user is None and op not in (codec.OP_CONNECT, codec.OP_ERR, _OP_SEND):
             self._fail(ERR_AUTH_VIOLATION)
@@ -148,23 +131,14 @@ class NatsSession(Connection):
 
     # -- holding: replies wait for subscriptions, everything waits for a password check ---------------------
     def _hold_until_synced(self, cmd: tuple) -> None:
-        self._held = [cmd]
+        self.suspend([cmd])
         self._waiting_syncs = True
-        self.pause(PAUSE_SYNC)
 
     def _synced(self) -> None:
         self._syncs -= 1
         if not self._syncs and self._waiting_syncs:
             self._waiting_syncs = False
-            self._resume()
-
-    def _resume(self) -> None:
-        if self.closed:
-            return
-        held, self._held = self._held or [], None
-        self._run(held)
-        if self._held is None:
-            self.resume(PAUSE_SYNC)
+            self.resume_held()
 
     # -- CONNECT --------------------------------------------------------------------------------------------
     def _connect(self, raw: bytes) -> None:
@@ -215,8 +189,7 @@ class NatsSession(Connection):
         else:
             self._fail(ERR_AUTH_VIOLATION)
             return
-        self._held = []
-        self.pause(PAUSE_SYNC)
+        self.suspend()
         asyncio.ensure_future(self._authenticate(check))
 
     async def _authenticate(self, check) -> None:
@@ -237,7 +210,7 @@ class NatsSession(Connection):
             self._auth_timer = None
         self.drop_forbidden_subscriptions()
         self._connected()
-        self._resume()
+        self.resume_held()
 
     def _connected(self) -> None:
         if self.verbose:

@@ -21,7 +21,7 @@ from router.subjects import is_valid_literal, is_valid_pattern
 
 from . import admin
 from . import ndjson_codec as codec
-from .connection import PAUSE_SYNC, Connection
+from .connection import Connection
 from .hub import Hub, Subscription
 from .message import KIND_JSON
 
@@ -41,7 +41,6 @@ class NdjsonSession(Connection):
     def __init__(self, hub: Hub, cid: int) -> None:
         super().__init__(hub, cid)
         self._tail = b""
-        self._held: list | None = None   # lines waiting for a suspended request to finish
         self._max_line = hub.limits.max_line_bytes
         self._max_topic = hub.limits.max_topic_length
         self._secure = hub.auth.enabled
@@ -63,26 +62,14 @@ class NdjsonSession(Connection):
             return
         self.bytes_in += len(data)
         lines, self._tail = codec.split_lines(self._tail, data, self._max_line)
-        if self._held is not None:
-            self._held.extend(lines)
-            return
-        self._run(lines)
-        if self.hub.holding and not self.closed:
-            self.hold()
+        self.process(lines)
 
-    def _run(self, lines: list) -> None:
-        it = iter(lines)
-        for line in it:
-            if line is None:
-                self.send(ERR_LINE_TOO_LONG)
-                self.close()
-                return
+    def execute(self, line: bytes | None) -> None:
+        if line is None:
+            self.send(ERR_LINE_TOO_LONG)
+            self.close()
+        else:
             self._handle(line)
-            if self._held is not None:
-                self._held.extend(it)
-                return
-            if self.closed:
-                return
 
     def _handle(self, line: bytes) -> None:
         req = codec.parse(line)
@@ -107,8 +94,7 @@ class NdjsonSession(Connection):
     # -- requests that finish later -------------------------------------------------------------------------
     def _suspend(self, work: Awaitable[bytes | None]) -> None:
         """Run ``work`` (which yields the reply), holding everything after this request until it is done."""
-        self._held = []
-        self.pause(PAUSE_SYNC)
+        self.suspend()
         asyncio.ensure_future(self._finish(work))
 
     async def _finish(self, work: Awaitable[bytes | None]) -> None:
@@ -117,17 +103,14 @@ class NdjsonSession(Connection):
         except Exception:
             log.exception("request failed on connection %d", self.cid)
             reply = codec.error("internal_error")
-        self._resume(reply)
+        self._reply_and_resume(reply)
 
-    def _resume(self, reply: bytes | None) -> None:
+    def _reply_and_resume(self, reply: bytes | None) -> None:
         if self.closed:
             return
         if reply is not None:
             self.send(reply)
-        held, self._held = self._held or [], None
-        self._run(held)
-        if self._held is None:
-            self.resume(PAUSE_SYNC)
+        self.resume_held()
 
     # -- operations -----------------------------------------------------------------------------------------
     def _topic(self, req: dict, valid: Callable[[str, int], bool]) -> str | None:
@@ -172,11 +155,10 @@ class NdjsonSession(Connection):
             return
         sub = Subscription(self, topic, topic)
         self.subs[topic] = sub
-        if self.hub.subscribe(sub, lambda: self._resume(codec.reply(req))):
+        if self.hub.subscribe(sub, lambda: self._reply_and_resume(codec.reply(req))):
             self.send(codec.reply(req))
         else:
-            self._held = []
-            self.pause(PAUSE_SYNC)
+            self.suspend()
 
     def op_unsub(self, req: dict, line: bytes) -> None:
         topic = self._topic(req, is_valid_pattern)

@@ -40,7 +40,6 @@ from .ndjson import NdjsonSession
 log = logging.getLogger("broker.worker")
 
 EXIT_BOOT_FAILED = 3
-HEARTBEAT_INTERVAL = 1.0
 
 SESSIONS = {"ndjson": NdjsonSession, "nats": NatsSession, "bridge": BridgeSession}
 
@@ -140,8 +139,10 @@ class Worker:
         await self.hub.fabric.join(cfg.workers.boot_timeout)
 
     async def _heartbeat(self) -> None:
+        # Four beats per timeout (at most one a second): one late beat must not look like a dead loop.
+        interval = min(1.0, self.config.workers.heartbeat_timeout / 4)
         while True:
-            await asyncio.sleep(HEARTBEAT_INTERVAL)
+            await asyncio.sleep(interval)
             hub = self.hub
             hub.tick()
             closed, hub.closed_since_report = hub.closed_since_report, 0

@@ -106,9 +106,17 @@ class Generator:
         for i, sock in enumerate(self.pubs):
             sock.setblocking(False)
             state = {"sock": sock, "frame": frames[i], "block": blocks[i], "out": b"", "sent_bytes": 0,
-                     "subject": subjects[i], "sent": 0}
+                     "subject": subjects[i], "sent": 0, "writing": rate is None}
             pubs.append(state)
-            sel.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, ("pub", state))
+            # At full speed a publisher always has bytes to write; at a fixed rate it asks to write only when it
+            # has some, or select() would return at once and the generator would spin, stealing a CPU.
+            sel.register(sock, selectors.EVENT_READ | (selectors.EVENT_WRITE if rate is None else 0),
+                         ("pub", state))
+
+        def want_write(st: dict, on: bool) -> None:
+            if st["writing"] != on and st["sock"] in sel.get_map():
+                st["writing"] = on
+                sel.modify(st["sock"], selectors.EVENT_READ | (selectors.EVENT_WRITE if on else 0), ("pub", st))
         counters = []
         for sock in self.subs:
             sock.setblocking(False)
@@ -135,8 +143,7 @@ class Generator:
                         st["out"] = st["frame"][partial:]
             if not sending and all(not st["out"] for st in pubs):
                 for st in pubs:
-                    if st["sock"] in sel.get_map():
-                        sel.modify(st["sock"], selectors.EVENT_READ, ("pub", st))
+                    want_write(st, False)
                 if now - last_progress > _QUIET or now - end > _MAX_DRAIN:
                     break
             if rate is not None and sending:
@@ -147,6 +154,7 @@ class Generator:
                         stamp = time.monotonic_ns()
                         st["out"] = wire.publish(st["subject"], payload(size, stamp)) * missing
                         st["sent"] += missing
+                        want_write(st, True)
             timeout = tick if (rate is not None and sending) else 0.05
             for key, mask in sel.select(timeout):
                 kind, st = key.data
@@ -179,6 +187,7 @@ class Generator:
                 if mask & selectors.EVENT_WRITE and kind == "pub":
                     out = st["out"] or (st["block"] if sending and rate is None else b"")
                     if not out:
+                        want_write(st, False)
                         continue
                     try:
                         n = sock.send(out)
