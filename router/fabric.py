@@ -164,6 +164,12 @@ class Fabric:
         self.links[dst].out_msgs.append(message)
         self._dirty.add(dst)
 
+    def send_to(self, dsts: tuple[int, ...], message: tuple) -> None:
+        links = self.links
+        for dst in dsts:
+            links[dst].out_msgs.append(message)
+        self._dirty.update(dsts)
+
     def control(self, dst: int, item: tuple) -> None:
         self.links[dst].out_ctrl.append(item)
         self._dirty.add(dst)

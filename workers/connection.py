@@ -37,7 +37,7 @@ PAUSE_HOLD = 2  # the worker holds its publishers back (fabric congestion, consu
 _LINGER_RESET = struct.pack("ii", 1, 0)
 # Linux: unacknowledged bytes in a TCP socket's send queue (SIOCOUTQ, the same number as TIOCOUTQ).
 _SIOCOUTQ = termios.TIOCOUTQ if termios is not None and sys.platform.startswith("linux") else None
-TURN_BUDGET = 20_000  # deliveries one event-loop turn may make before leaving the rest to the next turn
+TURN_BUDGET = 20_000  # publishes and deliveries one event-loop turn may make before leaving the rest to the next
 LINGER = 2.0  # seconds a closing connection waits for the client's own close once its output has drained
 
 
@@ -55,7 +55,8 @@ class Connection(asyncio.Protocol):
         self.user: "User | None" = None   # None: not authenticated (or security off)
         self.out: list[bytes] = []
         self.out_bytes = 0
-        self.queued_total = 0    # every byte ever queued: minus what is still unsent, what the client has taken
+        self.flushed_total = 0   # every byte handed to the transport: minus what it and the kernel still hold,
+        #                          what the client has taken
         self.max_pending = hub.limits.max_pending_bytes
         self.flush_at = min(256 * 1024, self.max_pending // 4)
         self.dirty = False
@@ -149,7 +150,6 @@ class Connection(asyncio.Protocol):
             return
         self.out.append(data)
         self.out_bytes += len(data)
-        self.queued_total += len(data)
         if self.out_bytes >= self.flush_at:
             # A burst (one turn may process many fabric frames): hand it to the kernel now, so that what stays
             # pending is what the client has not read, not what this turn happened to produce.
@@ -159,16 +159,34 @@ class Connection(asyncio.Protocol):
             self.hub.mark_dirty(self)
 
     def deliver(self, data: bytes) -> None:
-        """``send`` for a message delivery, which is what the out counters count."""
+        """``send`` for a message delivery, which the out counters count.  The hot path: ``send`` inlined."""
+        if self.closed:
+            return
+        n = len(data)
         self.msgs_out += 1
-        self.bytes_out += len(data)
-        self.send(data)
+        self.bytes_out += n
+        self.out.append(data)
+        self.out_bytes += n
+        if self.out_bytes >= self.flush_at:
+            self.flush()
+        elif not self.dirty:
+            self.dirty = True
+            self.hub.mark_dirty(self)
+
+    def remove_subscription(self, sub: "Subscription") -> None:
+        """Drop one subscription (a NATS UNSUB limit reached)."""
+        for key, held in self.subs.items():
+            if held is sub:
+                del self.subs[key]
+                self.hub.unsubscribe(sub)
+                return
 
     def flush(self) -> None:
         self.dirty = False
         if self.closed or not self.out:
             return
         out, self.out = self.out, []
+        self.flushed_total += self.out_bytes
         self.out_bytes = 0
         self.transport.writelines(out)
         if self.transport.get_write_buffer_size() > self.max_pending:
@@ -180,7 +198,7 @@ class Connection(asyncio.Protocol):
         """Bytes the client's side has acknowledged so far: what backpressure calls progress.  The kernel's send
         buffer (megabytes, autotuned) is subtracted too, or a client reading steadily would look stuck while the
         kernel only refills that buffer in large steps."""
-        return self.queued_total - self.pending_bytes - self._kernel_unacked()
+        return self.flushed_total - self.transport.get_write_buffer_size() - self._kernel_unacked()
 
     def _kernel_unacked(self) -> int:
         sock = self.transport.get_extra_info("socket") if self.transport is not None else None

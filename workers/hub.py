@@ -74,16 +74,18 @@ class Subscription:
 class Route:
     """Where a message to one subject goes, as of one generation of the tries."""
 
-    __slots__ = ("subject", "subject_b", "ndjson", "nats", "others", "remote", "queued", "groups", "owner",
-                 "prefix", "wild", "msgs", "bytes")
+    __slots__ = ("subject", "subject_b", "msg_head", "ndjson", "nats", "others", "local", "remote", "queued",
+                 "groups", "owner", "prefix", "wild", "msgs", "bytes")
 
     def __init__(self, subject: str, ndjson: tuple, nats: tuple, others: tuple, remote: tuple[int, ...],
                  queued: bool, owner: int) -> None:
         self.subject = subject
         self.subject_b = subject.encode()
+        self.msg_head = b"MSG " + self.subject_b + b" "
         self.ndjson = ndjson          # NDJSON connections, one entry per connection however many patterns match
         self.nats = nats              # NATS subscriptions (plain): one delivery per matching subscription
         self.others = others          # other protocols' connections (Bridge)
+        self.local = bool(ndjson or nats or others)
         self.remote = remote          # workers with a matching plain subscriber
         self.queued = queued          # some queue group of the cluster matches: the owner dispatches
         self.groups = None            # the owner's queue groups for this subject, built when first needed
@@ -116,6 +118,7 @@ class Hub:
         self.queues = QueueTable(index)
         self.queue_dropped = 0
         self.routes: dict[str, Route] = {}
+        self.routes_b: dict[bytes, Route] = {}   # the same routes by the subject's bytes, as NATS clients send it
         self.generation = 0
 
         self._dirty: list["Connection"] = []
@@ -166,6 +169,7 @@ class Hub:
     def _invalidate(self) -> None:
         self.generation += 1
         self.routes = {}
+        self.routes_b = {}
 
     def subscribe(self, sub: Subscription, on_synced: Callable[[], None]) -> bool:
         """Add ``sub``.  True if it is in force on every worker now; otherwise ``on_synced`` is called once it is."""
@@ -267,7 +271,9 @@ class Hub:
                       shardmap.owner(subject, self.workers))
         if len(self.routes) >= _ROUTE_CACHE_MAX:
             self.routes = {}
+            self.routes_b = {}
         self.routes[subject] = route
+        self.routes_b[route.subject_b] = route
         return route
 
     def publish(self, route: Route, kind: int, payload: bytes, reply: str | None, headers: bytes | None,
@@ -277,27 +283,28 @@ class Hub:
         n = len(payload)
         self.msgs_in += 1
         self.bytes_in += n
+        self.turn_work += 1  # a publish is work even when every subscriber is elsewhere
         if not route.msgs:
             self._counted.append(route)
         route.msgs += 1
         route.bytes += n
-        delivered = self._deliver(route, kind, payload, reply, headers, origin)
+        delivered = self._deliver(route, kind, payload, reply, headers, origin) if route.local else 0
         remote, queued = route.remote, route.queued
-        if remote or queued:
+        if remote and not queued:
+            self.fabric.send_to(remote, (route.subject, kind, payload, reply, headers, None))
+            self.schedule_flush()
+            return True
+        if queued:
             owner = route.owner
-            send = self.fabric.send
+            dispatch = ("q", self.index, origin.cid, not origin.echo)
+            if owner == self.index:
+                self._dispatch_queues(route, kind, payload, reply, headers, dispatch)
+            elif owner not in remote:
+                self.fabric.send(owner, (route.subject, kind, payload, reply, headers, dispatch))
             plain = (route.subject, kind, payload, reply, headers, None)
-            if queued:
-                dispatch = ("q", self.index, origin.cid, not origin.echo)
-                if owner == self.index:
-                    self._dispatch_queues(route, kind, payload, reply, headers, dispatch)
-                elif owner not in remote:
-                    send(owner, (route.subject, kind, payload, reply, headers, dispatch))
             for w in remote:
-                if queued and w == owner:
-                    send(w, (route.subject, kind, payload, reply, headers, dispatch))
-                else:
-                    send(w, plain)
+                # The owner gets one copy: it delivers to its plain subscribers and dispatches the queue groups.
+                self.fabric.send(w, (route.subject, kind, payload, reply, headers, dispatch) if w == owner else plain)
             self.schedule_flush()
             return True
         return delivered > 0
@@ -312,13 +319,32 @@ class Hub:
                 conn.deliver(line)
             count += len(route.ndjson)
         if route.nats:
-            out = Outgoing(route.subject_b, reply.encode() if reply else None, headers, as_bytes(kind, payload))
-            for sub in route.nats:
-                conn = sub.conn
-                if conn is origin and not conn.echo:
-                    continue
-                conn.deliver_msg(sub, out)
-                count += 1
+            body = as_bytes(kind, payload)
+            if headers is None:
+                # Only the sid differs between subscribers: MSG <subject> <sid>< reply> <size>\r\n<payload>\r\n
+                tail = (b" %s %d\r\n%s\r\n" % (reply.encode(), len(body), body) if reply
+                        else b" %d\r\n%s\r\n" % (len(body), body))
+                head = route.msg_head
+                for sub in route.nats:
+                    conn = sub.conn
+                    if conn is origin and not conn.echo:
+                        continue
+                    conn.deliver(head + sub.sid + tail)
+                    count += 1
+                    sub.delivered += 1
+                    if sub.max_msgs and sub.delivered >= sub.max_msgs:
+                        conn.remove_subscription(sub)
+            else:
+                out = Outgoing(route.subject_b, reply.encode() if reply else None, headers, body)
+                for sub in route.nats:
+                    conn = sub.conn
+                    if conn is origin and not conn.echo:
+                        continue
+                    conn.deliver(conn.frame_for(sub, out))
+                    count += 1
+                    sub.delivered += 1
+                    if sub.max_msgs and sub.delivered >= sub.max_msgs:
+                        conn.remove_subscription(sub)
         for conn in route.others:
             conn.deliver_message(route.subject, kind, payload, reply, headers)
             count += 1
@@ -347,8 +373,12 @@ class Hub:
                 continue
             if out is None:
                 out = Outgoing(subject.encode(), reply.encode() if reply else None, headers, as_bytes(kind, payload))
-            sub.conn.deliver_msg(sub, out)
+            conn = sub.conn
+            conn.deliver(conn.frame_for(sub, out))
             self.turn_work += 1
+            sub.delivered += 1
+            if sub.max_msgs and sub.delivered >= sub.max_msgs:
+                conn.remove_subscription(sub)
 
     def _work_backlog(self) -> None:
         """Deliver what other workers sent, in order, at most a turn's budget at a time: one frame can carry

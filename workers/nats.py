@@ -221,25 +221,19 @@ class NatsSession(Connection):
 
     # -- PUB / HPUB -----------------------------------------------------------------------------------------
     def _pub(self, subject_b: bytes, reply_b: bytes | None, headers: bytes | None, payload: bytes) -> None:
+        hub = self.hub
+        route = hub.routes_b.get(subject_b)
+        if route is None:
+            route = self._new_route(subject_b)
+            if route is None:
+                return
+        elif route.wild and self.pedantic:
+            self.send(codec.err(ERR_INVALID_PUB_SUBJECT))  # and delivers it all the same, as nats-server does
         if headers is not None and not self.headers:
             self._fail(None)  # HPUB without negotiating headers: nats-server closes, without -ERR
             return
-        hub = self.hub
-        try:
-            subject = subject_b.decode()
-        except UnicodeDecodeError:
-            subject = ""
-        route = hub.routes.get(subject)
-        if route is None:
-            if not is_valid_pattern(subject, hub.limits.max_topic_length):
-                if self.pedantic:
-                    self.send(codec.err(ERR_INVALID_PUB_SUBJECT))
-                return  # nats-server drops it: nothing can match an empty token
-            route = hub.route_for(subject)
-        if route.wild and self.pedantic:
-            self.send(codec.err(ERR_INVALID_PUB_SUBJECT))  # and delivers it all the same, as nats-server does
-        if self._secure and not self.user.permissions.may_publish(subject):
-            self.send(codec.err(f"Permissions Violation for Publish to {_quoted(subject)}"))
+        if self._secure and not self.user.permissions.may_publish(route.subject):
+            self.send(codec.err(f"Permissions Violation for Publish to {_quoted(route.subject)}"))
             return
         reply = None
         if reply_b is not None:
@@ -250,9 +244,24 @@ class NatsSession(Connection):
         if self.verbose:
             self.send(codec.OK)  # before the delivery, as nats-server: a publisher subscribed to it sees +OK first
         self.msgs_in += 1
-        received = hub.publish(route, KIND_RAW, payload, reply, headers, self)
-        if not received and reply is not None and self.no_responders:
+        if not hub.publish(route, KIND_RAW, payload, reply, headers, self) and reply is not None \
+                and self.no_responders:
             self._no_responders(reply, reply_b)
+
+    def _new_route(self, subject_b: bytes):
+        """A subject not in the route cache: validate it (nats-server drops what no subscription can match)."""
+        try:
+            subject = subject_b.decode()
+        except UnicodeDecodeError:
+            subject = ""
+        if not is_valid_pattern(subject, self.hub.limits.max_topic_length):
+            if self.pedantic:
+                self.send(codec.err(ERR_INVALID_PUB_SUBJECT))
+            return None
+        route = self.hub.route_for(subject)
+        if route.wild and self.pedantic:
+            self.send(codec.err(ERR_INVALID_PUB_SUBJECT))
+        return route
 
     def _no_responders(self, reply: str, reply_b: bytes) -> None:
         """Nobody was subscribed: tell the requester at once (a 503 status on its own inbox subscription)."""
@@ -305,23 +314,16 @@ class NatsSession(Connection):
             self.send(codec.OK)
 
     def remove_subscription(self, sub: Subscription) -> None:
-        if self.subs.get(sub.sid) is sub:
+        if self.subs.get(sub.sid) is sub:  # keyed by sid here: no need to search
             del self.subs[sub.sid]
             self.hub.unsubscribe(sub)
 
     # -- delivery -------------------------------------------------------------------------------------------
-    def deliver_msg(self, sub: Subscription, out: codec.Outgoing) -> None:
+    def frame_for(self, sub: Subscription, out: codec.Outgoing) -> bytes:
+        """A message with headers: HMSG if this client negotiated them, MSG with the payload alone otherwise."""
         if self.headers and out.hbody:
-            line, body = out.hmsg_line(sub.sid), out.hbody
-        else:
-            line, body = out.msg_line(sub.sid), out.body
-        self.msgs_out += 1
-        self.bytes_out += len(line) + len(body)
-        self.send(line)
-        self.send(body)
-        sub.delivered += 1
-        if sub.max_msgs and sub.delivered >= sub.max_msgs:
-            self.remove_subscription(sub)
+            return out.hmsg_line(sub.sid) + out.hbody
+        return out.msg_line(sub.sid) + out.body
 
     # -- keepalive and timeouts -----------------------------------------------------------------------------
     def _ping_tick(self) -> None:

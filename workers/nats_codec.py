@@ -18,6 +18,8 @@ the text (if any) and closes.
 
 from __future__ import annotations
 
+import re
+
 OP_PUB, OP_SUB, OP_UNSUB, OP_PING, OP_PONG, OP_CONNECT, OP_INFO, OP_ERR = range(8)
 
 ERR_UNKNOWN_OP = "Unknown Protocol Operation"
@@ -31,6 +33,10 @@ OK = b"+OK\r\n"
 
 # (ERR, None): close without a word, as nats-server does for argument errors.
 _PROTOCOL_VIOLATION = (OP_ERR, None)
+
+# The common case in one C call: a well-formed PUB control line (verb in any case, CRLF or LF).  Anything it does
+# not match (other verbs, errors, over-long lines) takes the general path.
+_PUB_LINE = re.compile(rb"(?i:pub)[ \t]+([^ \t\r\n]+)[ \t]+(?:([^ \t\r\n]+)[ \t]+)?(\d{1,12})[ \t]*\r?\n")
 
 
 def err(text: str) -> bytes:
@@ -69,6 +75,7 @@ class Parser:
         buf = self._buf + data if self._buf else data
         pos, n = 0, len(buf)
         max_line = self.max_control_line
+        pub_line = _PUB_LINE.match
         while pos < n:
             pending = self._pending
             if pending is not None:
@@ -89,6 +96,23 @@ class Parser:
                     out.append((OP_PUB, subject, reply, buf[pos:pos + hdr], buf[pos + hdr:end - 2]))
                 self._pending = None
                 pos = end
+                continue
+            m = pub_line(buf, pos)
+            if m is not None and m.end() - pos <= max_line + 2:
+                subject, reply, size = m.groups()
+                nbytes = int(size)
+                if nbytes > self.max_payload:
+                    return self._fail(out, (OP_ERR, ERR_MAX_PAYLOAD))
+                end = m.end() + nbytes + 2
+                if end <= n:
+                    if buf[end - 2:end] != CRLF:
+                        return self._fail(out, (OP_ERR, ERR_UNKNOWN_OP))
+                    out.append((OP_PUB, subject, reply, None, buf[m.end():end - 2]))
+                    pos = end
+                    continue
+                self._pending = (subject, reply, -1)
+                self._want = nbytes + 2
+                pos = m.end()
                 continue
             nl = buf.find(b"\n", pos)
             if nl < 0:

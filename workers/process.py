@@ -142,7 +142,11 @@ class Worker:
         # Four beats per timeout (at most one a second): one late beat must not look like a dead loop.
         interval = min(1.0, self.config.workers.heartbeat_timeout / 4)
         while True:
+            asked = time.monotonic()
             await asyncio.sleep(interval)
+            lag = time.monotonic() - asked - interval
+            if lag > 0.25:  # something held the event loop: say so, it is what operators need to know first
+                log.warning("event loop lagged %.2fs behind", lag)
             hub = self.hub
             hub.tick()
             closed, hub.closed_since_report = hub.closed_since_report, 0

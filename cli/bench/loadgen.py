@@ -97,7 +97,9 @@ class Generator:
 
     # -- run ------------------------------------------------------------------------------------------------
     def run(self, subjects: list[str], size: int, start: float, duration: float, rate: float | None = None,
-            latency: bool = False) -> dict:
+            latency: bool = False, count: int | None = None) -> dict:
+        """Publish until ``duration`` is over (at full speed, or ``rate`` per second), or exactly ``count``
+        messages per publisher at full speed; count deliveries until they stop coming."""
         wire = self.wire
         sel = selectors.DefaultSelector()
         frames = [wire.publish(s, payload(size)) for s in subjects]
@@ -107,6 +109,8 @@ class Generator:
             sock.setblocking(False)
             state = {"sock": sock, "frame": frames[i], "block": blocks[i], "out": b"", "sent_bytes": 0,
                      "subject": subjects[i], "sent": 0, "writing": rate is None}
+            if count is not None:
+                state["block"], state["out"] = b"", frames[i] * count
             pubs.append(state)
             # At full speed a publisher always has bytes to write; at a fixed rate it asks to write only when it
             # has some, or select() would return at once and the generator would spin, stealing a CPU.
@@ -134,7 +138,7 @@ class Generator:
         tick = 0.001
         while True:
             now = time.monotonic()
-            if sending and now >= end:
+            if sending and (now >= end or (count is not None and all(not st["out"] for st in pubs))):
                 sending = False
                 for st in pubs:  # finish a frame cut in the middle, then stop writing
                     st["block"] = b""
