@@ -264,8 +264,11 @@ def user_list(ctx: click.Context) -> None:
 @click.option("--connections", type=click.IntRange(1, 1_000_000), default=10000, show_default=True,
               help="Connections in the connection-scale scenario.")
 @click.option("--out", default="bench-results", show_default=True, help="Directory for the JSON and PNG files.")
+@click.option("--generator-check", is_flag=True,
+              help="Only measure the load generator, against a server that discards or streams.")
 def bench(scenarios: str, peers: str, protocols: str, payload: int, duration: float, rounds: int,
-          workers: int | None, procs: int, nn: int, wide: int, rate: float, connections: int, out: str) -> None:
+          workers: int | None, procs: int, nn: int, wide: int, rate: float, connections: int, out: str,
+          generator_check: bool) -> None:
     """Measure this broker against nats-server and Redis, side by side, in one run."""
     import time
 
@@ -283,7 +286,12 @@ def bench(scenarios: str, peers: str, protocols: str, payload: int, duration: fl
     opts = Options(scenarios=names, peers=peer_list, protocols=[p for p in protocols.split(",") if p],
                    payload=payload, duration=duration, rounds=rounds, workers=workers, procs=procs, nn=nn,
                    wide=wide, rate=rate, connections=connections)
-    result = Bench(opts, log=lambda msg: click.echo(msg, err=True)).run()
+    runner = Bench(opts, log=lambda msg: click.echo(msg, err=True))
+    if generator_check:
+        for row in runner.generator_check():
+            click.echo(f"{row['wire']:8} {row['role']:10} {row['msgs_per_sec']:>14,} msg/s per generator process")
+        return
+    result = runner.run()
     click.echo(report.table(result))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     json_path = os.path.join(out, f"bench-{stamp}.json")

@@ -82,7 +82,7 @@ class LimitsConfig:
 @dataclass(frozen=True)
 class FabricConfig:
     hwm: int = field(default=100_000, metadata=_meta(100, 100_000_000))
-    window_bytes: int = field(default=32 << 20, metadata=_meta(1 << 16, 1 << 34))
+    window_bytes: int = field(default=8 << 20, metadata=_meta(1 << 16, 1 << 34))
     stall_timeout: float = field(default=2.0, metadata=_meta(0.01, 3600))
 
 

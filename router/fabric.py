@@ -10,9 +10,9 @@ single worker it is addressed to.  On top of that:
 - Acks and flow control: every frame carries the highest sequence number its sender has processed from the
   destination.  A sender keeps at most ``window_bytes`` (and half the HWM in frames) unacknowledged on a link; past
   that it reports congestion so the worker stops reading from publishing clients (as nats-server stalls fast
-  producers), and PUB never reaches its high-water mark, where it would drop.  A peer that stays congested for
-  ``stall_timeout`` (a stuck worker, until the supervisor replaces it) is declared lagging and no longer holds
-  anyone up: messages for it beyond the window are dropped here and counted (``dropped_messages``), so memory
+  producers), and PUB never reaches its high-water mark, where it would drop.  A peer whose window stays full
+  with no ack at all for ``stall_timeout`` (a stuck worker, until the supervisor replaces it; a slow one still
+  acknowledges as it goes) is declared lagging and no longer holds anyone up: messages for it beyond the window are dropped here and counted (``dropped_messages``), so memory
   stays bounded.
 - Sync points: ``when_processed(callback)`` calls back once every peer has processed every frame queued so far,
   which is how a subscription is known to be in force on all workers before its client is told ``ok``.
@@ -60,7 +60,7 @@ class _Link:
     """State of the two one-way links between this worker and one peer."""
 
     __slots__ = ("peer", "prefix", "out_msgs", "out_ctrl", "out_seq", "out_msg_count", "acked", "inflight",
-                 "inflight_bytes", "congested_since", "lagging", "in_epoch", "in_seq", "in_msg_count",
+                 "inflight_bytes", "congested_since", "acked_at", "lagging", "in_epoch", "in_seq", "in_msg_count",
                  "processed", "ack_owed", "up", "lost_frames", "lost_messages", "frames_in", "frames_out",
                  "messages_in", "messages_out", "dropped_messages", "dropped_at_lag", "stalls")
 
@@ -75,6 +75,7 @@ class _Link:
         self.inflight: collections.deque[tuple[int, int]] = collections.deque()  # (seq, frame size)
         self.inflight_bytes = 0
         self.congested_since = 0.0
+        self.acked_at = 0.0        # when the peer's ack last moved forward
         self.lagging = False
         self.in_epoch = -1
         self.in_seq = 0
@@ -211,7 +212,7 @@ class Fabric:
                 link.inflight_bytes += len(frame)
                 link.inflight.append((link.out_seq, len(frame)))
                 link.ack_owed = False
-                send(frame, zmq.NOBLOCK, copy=len(frame) < 65536)
+                send(frame, zmq.NOBLOCK)  # copied: cheaper than zero-copy tracking (pyzmq's GC thread)
                 if not msgs:
                     break
         self._dirty.clear()
@@ -329,6 +330,7 @@ class Fabric:
     def _on_ack(self, link: _Link, ack: int) -> None:
         if ack > link.acked:
             link.acked = ack
+            link.acked_at = time.monotonic()
             inflight = link.inflight
             while inflight and inflight[0][0] <= ack:
                 link.inflight_bytes -= inflight.popleft()[1]
@@ -353,12 +355,15 @@ class Fabric:
                 if not link.congested_since:
                     link.congested_since = now
                     link.stalls += 1
-                elif now - link.congested_since > self.stall_timeout:
+                elif now - max(link.congested_since, link.acked_at) > self.stall_timeout:
+                    # Full, and no ack for the whole stall timeout: stuck, not merely slow (a peer held back by
+                    # its own consumers still acknowledges frames as they drain).
                     link.lagging = True
                     link.dropped_at_lag = link.dropped_messages
                     self._release_waiters()
-                    log.warning("worker %d lags behind (%d bytes unacknowledged for %.1fs); no longer waiting "
-                                "for it", link.peer, link.inflight_bytes, now - link.congested_since)
+                    log.warning("worker %d lags behind (%d bytes unacknowledged, no ack for %.1fs); no longer "
+                                "waiting for it", link.peer, link.inflight_bytes,
+                                now - max(link.congested_since, link.acked_at))
                     continue
                 congested = True
             elif link.inflight_bytes <= self.window_bytes // 2 and len(link.inflight) <= self.window_frames // 2:

@@ -82,7 +82,9 @@ def test_thousand_connections_on_two_workers_all_receive_a_broadcast(start_broke
 def test_slow_but_steady_subscriber_sets_the_pace_instead_of_being_cut(start_broker, workers):
     """Backpressure: a publisher that outruns a subscriber which does read is slowed down; nothing is lost."""
     b = start_broker(workers=workers, config={"limits": {"max_pending_bytes": 256 * 1024}})
-    n, payload = 4000, "s" * 1000   # 4 MB through a 256 KiB bound, read at about 1 MB/s
+    # 12 MB through a 256 KiB bound, read at a few MB/s: more than the kernel's socket buffers (autotuned up to
+    # 4 MB on each side) can absorb, so the broker must slow the publisher down.
+    n, payload = 12_000, "s" * 1000
     with Raw(b.port) as sub, Raw(b.port) as pub:
         sub.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
         if workers == 2 and sub.request({"op": "info"})["info"]["worker"] == \
@@ -97,10 +99,10 @@ def test_slow_but_steady_subscriber_sets_the_pace_instead_of_being_cut(start_bro
         got = 0
         while got < n:
             sub.sock.settimeout(10)
-            data = sub.sock.recv(16384)
+            data = sub.sock.recv(32768)
             assert data, "the subscriber was cut"
             got += data.count(b"\n")  # one line per delivery (a multi-byte marker could straddle two reads)
-            time.sleep(0.01)
+            time.sleep(0.005)
         sender.join(10)
         while pub.json().get("id") != "end":
             pass

@@ -63,6 +63,7 @@ class Connection(asyncio.Protocol):
         self.closed = False
         self.peer_eof = False     # the client half-closed: nothing more to read
         self._held: list | None = None   # items waiting for a suspended one to complete
+        self._yielded = False            # ... or only for a later turn (budget, or the worker's hold)
         self.started = time.time()
         self._paused = 0
         self.msgs_in = self.bytes_in = self.msgs_out = self.bytes_out = 0
@@ -124,11 +125,17 @@ class Connection(asyncio.Protocol):
                 return
             if self.closed:
                 return
-            if hub.turn_work >= TURN_BUDGET:
+            if hub.turn_work >= TURN_BUDGET or hub.holding:
+                # The turn has done its share, or the worker holds publishers back: the rest of this read waits
+                # (for the next turn, or for the hold to end: see release).
                 rest = list(it)
                 if rest:
                     self.suspend(rest)
-                    hub.loop.call_soon(self.resume_held)
+                    self._yielded = True
+                    if hub.holding:
+                        self.hold()
+                    else:
+                        hub.loop.call_soon(self.resume_held)
                 return
 
     def suspend(self, items: list | None = None) -> None:
@@ -137,7 +144,10 @@ class Connection(asyncio.Protocol):
         self.pause(PAUSE_SYNC)
 
     def resume_held(self) -> None:
-        if self.closed:
+        self._yielded = False
+        if self.closed or self.hub.stopping:
+            # Stopping: what was read but not yet processed was never acknowledged, and processing it now would
+            # send messages after this worker told the others it sends nothing more.
             return
         held, self._held = self._held or [], None
         self._run(held)
@@ -236,6 +246,8 @@ class Connection(asyncio.Protocol):
 
     def release(self) -> None:
         self.resume(PAUSE_HOLD)
+        if self._yielded:  # the rest of a read waited for the hold to end
+            self.resume_held()
 
     # transport flow control: the high-water mark is the backpressure threshold (see backpressure.py)
     def pause_writing(self) -> None:

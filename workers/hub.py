@@ -132,6 +132,7 @@ class Hub:
         self._fins: set[int] = set()
         self._fins_changed: asyncio.Event | None = None
         self.conns: dict[int, "Connection"] = {}
+        self.stopping = False                       # a graceful stop began: process no more client input
         self.held: set["Connection"] = set()        # publishers whose reading is paused while we hold back
         self.congested = False                      # the fabric's window to some worker is full
         self.backpressure = Backpressure(self.loop, self._hold_changed)
@@ -391,10 +392,11 @@ class Hub:
             messages, i = entry
             n = len(messages)
             while i < n:
-                if self.turn_work >= TURN_BUDGET:
+                if self.turn_work >= TURN_BUDGET or self.backpressure.active:
+                    # Next turn, or once the congested consumers have drained (_hold_changed resumes it).
                     entry[1] = i
                     self.fabric.pause_input("backlog", True)
-                    if not self._backlog_scheduled:
+                    if not self._backlog_scheduled and not self.backpressure.active:
                         self._backlog_scheduled = True
                         self.loop.call_soon(self._work_backlog)
                     return
@@ -509,6 +511,9 @@ class Hub:
         pressure = self.backpressure.active
         if self.fabric is not None:
             self.fabric.pause_input("backpressure", pressure)
+        if not pressure and self._backlog and not self._backlog_scheduled:
+            self._backlog_scheduled = True
+            self.loop.call_soon(self._work_backlog)
         self.holding = self.congested or pressure
         if not self.holding:
             held, self.held = self.held, set()

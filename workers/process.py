@@ -250,6 +250,7 @@ class Worker:
 
     async def _graceful(self, grace: float) -> None:
         hub = self.hub
+        hub.stopping = True
         deadline = time.monotonic() + grace
         conns = list(hub.conns.values())
         for conn in conns:

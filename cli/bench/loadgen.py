@@ -97,9 +97,10 @@ class Generator:
 
     # -- run ------------------------------------------------------------------------------------------------
     def run(self, subjects: list[str], size: int, start: float, duration: float, rate: float | None = None,
-            latency: bool = False, count: int | None = None) -> dict:
+            latency: bool = False, count: int | None = None, drain: bool = True) -> dict:
         """Publish until ``duration`` is over (at full speed, or ``rate`` per second), or exactly ``count``
-        messages per publisher at full speed; count deliveries until they stop coming."""
+        messages per publisher at full speed; count deliveries until they stop coming (or, without ``drain``,
+        until the end of the duration)."""
         wire = self.wire
         sel = selectors.DefaultSelector()
         frames = [wire.publish(s, payload(size)) for s in subjects]
@@ -148,7 +149,7 @@ class Generator:
             if not sending and all(not st["out"] for st in pubs):
                 for st in pubs:
                     want_write(st, False)
-                if now - last_progress > _QUIET or now - end > _MAX_DRAIN:
+                if now - last_progress > _QUIET or now - end > _MAX_DRAIN or (not drain and now >= end):
                     break
             if rate is not None and sending:
                 due = int((now - start) * rate)

@@ -123,6 +123,43 @@ class Bench:
                 server.stop()
         return self.report(chosen, targets)
 
+    def generator_check(self) -> list[dict]:
+        """What one generator process reaches against a server that only discards (publishing) or only streams
+        (subscribing): the ceiling of what the benchmark can measure."""
+        from .nullserver import NullServer
+
+        ctx = multiprocessing.get_context("spawn")
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=loadgen.main, args=(child,), daemon=True)
+        proc.start()
+        plan = {0: [parent, 0, 0]}
+        rows = []
+        try:
+            for wire in ("nats", "ndjson", "redis"):
+                server = NullServer(wire, self.opts.payload)
+                try:
+                    for role, pubs, subs in (("publish", 1, 0), ("subscribe", 0, 1)):
+                        plan[0][1:] = [pubs, subs]
+                        _ask(plan, lambda gid, p, s: {"op": "connect", "host": "127.0.0.1", "port": server.port,
+                                                      "wire": wire, "pubs": p, "subs": s, "ids": False})
+                        if subs:
+                            _ask(plan, lambda gid, p, s: {"op": "subscribe", "subjects": [["bench.null"]]})
+                        start = time.monotonic() + 0.2
+                        rep = _ask(plan, lambda gid, p, s: {
+                            "op": "run", "subjects": ["bench.null"] * p, "size": self.opts.payload, "start": start,
+                            "duration": self.opts.duration, "drain": False})[0]
+                        _ask(plan, lambda gid, p, s: {"op": "close"})
+                        n = sum(rep["sent"]) if pubs else sum(rep["received"])
+                        seconds = self.opts.duration if pubs else max(1e-9, rep["last_recv"] - start)
+                        rows.append({"wire": wire, "role": role, "msgs_per_sec": round(n / seconds)})
+                        self.log(f"generator check: {wire} {role}: {n / seconds:,.0f} msg/s")
+                finally:
+                    server.stop()
+        finally:
+            parent.send({"op": "exit"})
+            proc.join(5)
+        return rows
+
     def _start_servers(self) -> None:
         self.servers["shardbroker"] = servers.start_broker(self.opts.workers)
         starters = {"nats": servers.start_nats, "redis": servers.start_redis}

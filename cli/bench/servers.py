@@ -86,9 +86,14 @@ class Server:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(5)
+        code = self.proc.returncode
         self.proc = None
         if self._log is not None:
             self._log.close()
+            if code == 0:  # kept, and named in the output, only when something went wrong
+                os.unlink(self._log.name)
+            else:
+                print(f"{self.name} exited with code {code}; its log: {self._log.name}", file=sys.stderr)
 
 
 def start_broker(workers: int | None) -> Server:

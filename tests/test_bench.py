@@ -1,0 +1,54 @@
+"""brokerctl bench works: one tiny scenario, against the peers when they are installed (CI installs them)."""
+
+import json
+import subprocess
+import sys
+import time
+
+import psutil
+
+from cli.bench.servers import find_binary
+from harness import REPO
+
+
+def servers_started_since(t0: float) -> list:
+    """Broker, nats-server and redis-server processes created after ``t0`` that are still alive."""
+    found = []
+    for proc in psutil.process_iter(["create_time", "cmdline", "status"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if proc.info["create_time"] >= t0 and proc.info["status"] != psutil.STATUS_ZOMBIE and (
+                "nats-server" in cmd or "redis-server" in cmd or "cli start" in cmd or "spawn_main" in cmd):
+            found.append(cmd)
+    return found
+
+
+def test_tiny_bench_runs_and_reports(tmp_path):
+    t0 = time.time() - 1
+    peers = [p for p, binary in (("nats", "nats-server"), ("redis", "redis-server")) if find_binary(binary)]
+    res = subprocess.run(
+        [sys.executable, "-m", "cli", "bench", "-s", "fanout1", "--rounds", "1", "--duration", "0.5",
+         "--peers", ",".join(peers) or "none", "--workers", "2", "--out", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "fan-out 1→1" in res.stdout and "msg/s" in res.stdout
+    result = json.loads(next(tmp_path.glob("bench-*.json")).read_text())
+    rows = {row["target"]: row for row in result["summary"]}
+    assert {"shardbroker/nats", "shardbroker/ndjson"} <= set(rows)
+    for row in rows.values():
+        assert row["msgs_per_sec"] > 0 and row["loss"] == 0, row
+    if "nats" in peers:
+        assert rows["nats-server"]["vs_nats"] == 1.0 and rows["shardbroker/nats"]["vs_nats"] > 0
+        assert "goal" in rows["shardbroker/nats"]
+    png = next(tmp_path.glob("bench-*.png"))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not servers_started_since(t0), "the bench left servers running"
+
+
+def test_generator_check():
+    res = subprocess.run([sys.executable, "-m", "cli", "bench", "--generator-check", "--duration", "0.3"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = [line.split() for line in res.stdout.splitlines()]
+    assert {(line[0], line[1]) for line in lines} == {(w, r) for w in ("nats", "ndjson", "redis")
+                                                      for r in ("publish", "subscribe")}
+    assert all(int(line[2].replace(",", "")) > 0 for line in lines)
