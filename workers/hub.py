@@ -74,8 +74,8 @@ class Subscription:
 class Route:
     """Where a message to one subject goes, as of one generation of the tries."""
 
-    __slots__ = ("subject", "subject_b", "msg_head", "ndjson", "nats", "others", "local", "remote", "queued",
-                 "groups", "owner", "prefix", "wild", "msgs", "bytes")
+    __slots__ = ("subject", "subject_b", "msg_head", "ndjson", "nats", "nats_plain", "others", "local", "remote",
+                 "queued", "groups", "owner", "prefix", "wild", "msgs", "bytes")
 
     def __init__(self, subject: str, ndjson: tuple, nats: tuple, others: tuple, remote: tuple[int, ...],
                  queued: bool, owner: int) -> None:
@@ -86,6 +86,10 @@ class Route:
         self.nats = nats              # NATS subscriptions (plain): one delivery per matching subscription
         self.others = others          # other protocols' connections (Bridge)
         self.local = bool(ndjson or nats or others)
+        # The common NATS case, precomputed: (connection, subscription, "MSG <subject> <sid>") for subscriptions
+        # without an UNSUB limit on connections that receive their own messages.  Otherwise None: the general loop.
+        self.nats_plain = tuple((sub.conn, sub, self.msg_head + sub.sid) for sub in nats) \
+            if all(sub.conn.echo and not sub.max_msgs for sub in nats) else None
         self.remote = remote          # workers with a matching plain subscriber
         self.queued = queued          # some queue group of the cluster matches: the owner dispatches
         self.groups = None            # the owner's queue groups for this subject, built when first needed
@@ -325,6 +329,14 @@ class Hub:
                 # Only the sid differs between subscribers: MSG <subject> <sid>< reply> <size>\r\n<payload>\r\n
                 tail = (b" %s %d\r\n%s\r\n" % (reply.encode(), len(body), body) if reply
                         else b" %d\r\n%s\r\n" % (len(body), body))
+                plain = route.nats_plain
+                if plain is not None:
+                    for conn, sub, prefix in plain:
+                        conn.deliver(prefix + tail)
+                        sub.delivered += 1
+                    count += len(plain)
+                    self.turn_work += count
+                    return count
                 head = route.msg_head
                 for sub in route.nats:
                     conn = sub.conn

@@ -171,6 +171,8 @@ class NatsSession(Connection):
         for key in ("verbose", "pedantic", "echo"):
             if flags[key] is not None:
                 setattr(self, key, flags[key])
+        if self.subs:
+            self.hub.subscription_changed()  # routes precompute who receives its own messages
         self.headers, self.no_responders = headers, no_responders
         self.name = str(opts.get("name") or "")[:256]
         self.lang = str(opts.get("lang") or "")[:64]
@@ -308,6 +310,7 @@ class NatsSession(Connection):
         if sub is not None:
             if limit and limit > sub.delivered:
                 sub.max_msgs = limit
+                self.hub.subscription_changed()  # routes precompute which subscriptions have no limit
             else:
                 self.remove_subscription(sub)
         if self.verbose:
