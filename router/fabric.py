@@ -12,8 +12,8 @@ single worker it is addressed to.  On top of that:
   that it reports congestion so the worker stops reading from publishing clients (as nats-server stalls fast
   producers), and PUB never reaches its high-water mark, where it would drop.  A peer whose window stays full
   with no ack at all for ``stall_timeout`` (a stuck worker, until the supervisor replaces it; a slow one still
-  acknowledges as it goes) is declared lagging and no longer holds anyone up: messages for it beyond the window are dropped here and counted (``dropped_messages``), so memory
-  stays bounded.
+  acknowledges as it goes) is declared lagging and no longer holds anyone up: messages for it beyond the window
+  are dropped here and counted (``dropped_messages``), so memory stays bounded.
 - Sync points: ``when_processed(callback)`` calls back once every peer has processed every frame queued so far,
   which is how a subscription is known to be in force on all workers before its client is told ``ok``.
 - Hello: a worker that starts sends hello to every peer until each answers; the answer carries the peer's interest

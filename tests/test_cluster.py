@@ -124,7 +124,7 @@ def test_subject_owner_keeps_counters(start_broker):
     async def run():
         clients = await spread(b.port, 3, 1)
         for w, cs in clients.items():
-            for n in range(w + 1):
+            for _ in range(w + 1):
                 await cs[0].pub("counted.subject", "x" * 10)
         for cs in clients.values():
             await cs[0].close()

@@ -4,7 +4,6 @@ import asyncio
 import os
 import signal
 
-from cli.client import AsyncClient
 from test_cluster import spread
 
 BIG = 1 << 30  # a pending bound no reader in these tests can reach: they are about the fabric, not slow readers

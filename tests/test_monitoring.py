@@ -13,7 +13,7 @@ def test_monitoring_after_known_traffic(start_broker):
     with Raw(b.port) as s, Raw(b.port) as p:
         s.request({"op": "sub", "topic": "mon.*"})
         s.request({"op": "sub", "topic": "mon.a"})
-        for i in range(3):
+        for _ in range(3):
             assert p.request({"op": "pub", "topic": "mon.a", "data": "abc"}) == {"ok": True}
         for _ in range(3):
             s.json()

@@ -42,7 +42,6 @@ async def synced(*clients) -> None:
 def test_nats_py_pub_sub_wildcards_and_flush(nb):
     async def run():
         pub, sub = await connect(nb), await connect(nb)
-        got = []
         s1 = await sub.subscribe("demo.*")
         s2 = await sub.subscribe("demo.>")
         await synced(sub)

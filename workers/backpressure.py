@@ -9,9 +9,9 @@ subscriber's outbound buffer until it is cut as a slow consumer.  So, as nats-se
   flow-control window);
 - it stops being congested when its output drains below half of that (the low-water mark);
 - a congested connection that makes no progress at all for ``PATIENCE`` checks (its client acknowledged none of
-  its bytes) is not reading: it stops holding anyone back, and is cut when it reaches ``max_pending_bytes``.  So a client
-  that does not read costs publishers a pause of a quarter of a second, once; a client that reads slowly sets the
-  pace.
+  its bytes) is not reading: it stops holding anyone back, and is cut when it reaches ``max_pending_bytes``.  So a
+  client that does not read costs publishers a pause of a quarter of a second, once; a client that reads slowly
+  sets the pace.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ class Backpressure:
     def __init__(self, loop: asyncio.AbstractEventLoop, changed: Callable[[], None]) -> None:
         self._loop = loop
         self._changed = changed
-        self._congested: dict["Connection", list] = {}   # conn -> [bytes delivered at last check, checks without progress]
+        # conn -> [bytes its client had acknowledged at the last check, checks since without progress]
+        self._congested: dict["Connection", list] = {}
         self._timer: asyncio.TimerHandle | None = None
         self.episodes = 0
         self.released = 0   # congested connections found not reading and let go

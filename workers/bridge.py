@@ -36,7 +36,6 @@ class BridgeSession(Connection):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
-        self.bytes_in += len(data)
         if self._publishing is not None:
             self._stream(data)
             return
@@ -121,6 +120,7 @@ class BridgeSession(Connection):
         hub = self.hub
         route = hub.routes.get(self._publishing) or hub.route_for(self._publishing)
         self.msgs_in += 1
+        self.bytes_in += len(payload)
         hub.publish(route, KIND_RAW, payload, None, None, self)
         self.close()
         return True

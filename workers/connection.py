@@ -3,10 +3,11 @@
 Writes are queued (``send``) and leave once per event-loop turn (``flush``, one ``writelines``), driven by the hub,
 or earlier when a burst reaches ``flush_at``.  What the transport still holds after a write is what the client has
 not read; past ``limits.max_pending_bytes`` the client is a slow consumer and is disconnected at once, so that
-nobody waits for it and the worker's memory stays bounded (by the limit plus one burst).  Reading is paused, never blocked, for two reasons that may
-overlap: a request still being completed (a subscription reaching the other workers, a password check), and the
-worker holding its publishers back (fabric congestion, or a consumer draining slower than they produce:
-``backpressure``).
+nobody waits for it and the worker's memory stays bounded (by the limit plus one burst).
+
+Reading is paused, never blocked, for two reasons that may overlap: a request still being completed (a
+subscription reaching the other workers, a password check), and the worker holding its publishers back (fabric
+congestion, or a consumer draining slower than they produce: ``backpressure``).
 """
 
 from __future__ import annotations
@@ -17,18 +18,18 @@ import socket
 import struct
 import sys
 import time
+from typing import TYPE_CHECKING
 
 try:
     import fcntl
     import termios
 except ImportError:  # not a POSIX system
     fcntl = termios = None
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from cluster.users import User
 
-    from .hub import Hub, Subscription
+    from .hub import Hub
 
 log = logging.getLogger("broker.conn")
 
@@ -66,6 +67,8 @@ class Connection(asyncio.Protocol):
         self._yielded = False            # ... or only for a later turn (budget, or the worker's hold)
         self.started = time.time()
         self._paused = 0
+        # In: messages published and their payload bytes (as nats-server counts them).  Out: deliveries, and the
+        # bytes written for them (framing included: counting payloads apart would cost the hot path).
         self.msgs_in = self.bytes_in = self.msgs_out = self.bytes_out = 0
 
     # -- asyncio.Protocol -----------------------------------------------------------------------------------
@@ -182,14 +185,6 @@ class Connection(asyncio.Protocol):
         elif not self.dirty:
             self.dirty = True
             self.hub.mark_dirty(self)
-
-    def remove_subscription(self, sub: "Subscription") -> None:
-        """Drop one subscription (a NATS UNSUB limit reached)."""
-        for key, held in self.subs.items():
-            if held is sub:
-                del self.subs[key]
-                self.hub.unsubscribe(sub)
-                return
 
     def flush(self) -> None:
         self.dirty = False

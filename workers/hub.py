@@ -9,6 +9,9 @@
   connection.
 - A new subscription pattern is announced to every other worker over the fabric, and the subscriber is told
   ``ok`` only once every worker has processed the announcement: after ``ok``, a publish anywhere reaches it.
+- Nothing waits and nothing runs unbounded: a turn makes at most ``TURN_BUDGET`` publishes and deliveries (the
+  rest of a read, or of a fabric frame, waits for the next turn), and consumers that drain slower than messages
+  arrive hold publishers back (``backpressure``).
 - The owner of a subject (``router.shardmap``) keeps its counters (every worker counts what its clients publish
   and ships the counts to the owner once a second) and picks the members of its queue groups (``queues``).
 
@@ -31,9 +34,9 @@ from router.subjects import is_literal
 from router.sublist import Sublist
 
 from . import ndjson_codec
-from .message import as_bytes
 from .backpressure import Backpressure
 from .connection import TURN_BUDGET
+from .message import as_bytes
 from .nats_codec import Outgoing
 from .queues import QueueTable
 from .shardstate import SubjectTable
@@ -127,7 +130,7 @@ class Hub:
 
         self._dirty: list["Connection"] = []
         self._flush_scheduled = False
-        self.turn_work = 0                        # deliveries made in this event-loop turn
+        self.turn_work = 0                        # publishes and deliveries made in this event-loop turn
         self._backlog: collections.deque[list] = collections.deque()   # [messages from the fabric, next index]
         self._backlog_scheduled = False
         self._counted: list[Route] = []

@@ -96,7 +96,6 @@ class NatsSession(Connection):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
-        self.bytes_in += len(data)
         self._last_read = time.monotonic()
         self.process(self._parser.feed(data))
 
@@ -246,6 +245,7 @@ class NatsSession(Connection):
         if self.verbose:
             self.send(codec.OK)  # before the delivery, as nats-server: a publisher subscribed to it sees +OK first
         self.msgs_in += 1
+        self.bytes_in += len(payload)
         if not hub.publish(route, KIND_RAW, payload, reply, headers, self) and reply is not None \
                 and self.no_responders:
             self._no_responders(reply, reply_b)

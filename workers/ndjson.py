@@ -60,7 +60,6 @@ class NdjsonSession(Connection):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
-        self.bytes_in += len(data)
         lines, self._tail = codec.split_lines(self._tail, data, self._max_line)
         self.process(lines)
 
@@ -136,8 +135,10 @@ class NdjsonSession(Connection):
         if self._secure and not self.user.permissions.may_publish(topic):
             self.send(codec.reply(req, "permission_denied"))
             return
+        payload = codec.encode_data(line, req.get("data"))
         self.msgs_in += 1
-        hub.publish(route, KIND_JSON, codec.encode_data(line, req.get("data")), None, None, self)
+        self.bytes_in += len(payload)
+        hub.publish(route, KIND_JSON, payload, None, None, self)
         self.send(codec.reply(req))
 
     def op_sub(self, req: dict, line: bytes) -> None:

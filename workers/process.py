@@ -6,8 +6,9 @@ inherited).  Its life:
 1. boot: event loop, hub, fabric; hello to every other worker.  Any failure here is reported to the supervisor
    (``boot_error``) and the process exits with ``EXIT_BOOT_FAILED``, which stops the supervisor instead of making
    it respawn forever.
-2. ready: adopt the client sockets the supervisor hands over, heartbeat every second from inside the loop (a
-   blocked loop stops the heartbeat and gets the worker replaced).
+2. ready: adopt the client sockets the supervisor hands over, heartbeat from inside the loop (four beats per
+   ``workers.heartbeat_timeout``, at most one a second: a blocked loop stops them and gets the worker replaced;
+   a loop that merely lagged says so in the log).
 3. stop (``stop`` order or SIGTERM): stop reading, send what is already queued to clients, close, exit 0 within the
    grace period.  SIGINT is ignored: a terminal's Ctrl-C reaches the whole process group, and the supervisor
    orchestrates the shutdown.
@@ -32,8 +33,8 @@ from cluster.logs import setup_logging
 from router.fabric import Fabric
 
 from .auth import Authenticator
-from .hub import Hub
 from .bridge import BridgeSession
+from .hub import Hub
 from .nats import NatsSession
 from .ndjson import NdjsonSession
 

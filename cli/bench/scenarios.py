@@ -166,7 +166,8 @@ class Bench:
         for peer in self.opts.peers:
             server = starters[peer]()
             if server is None:
-                self.log(f"{peer}: not installed, skipped (Debian package {'nats-server' if peer == 'nats' else 'redis-server'})")
+                package = "nats-server" if peer == "nats" else "redis-server"
+                self.log(f"{peer}: not installed, skipped (Debian package {package})")
             else:
                 self.servers[server.name] = server
 
