@@ -25,7 +25,7 @@ def _count(value: str | None) -> Any:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
-    """A multiprocess sharded pub/sub broker: Jolt NDJSON on one machine, many cores."""
+    """A multiprocess sharded pub/sub broker for one machine: Jolt NDJSON, NATS core and Bridge clients."""
 
 
 @cli.command()
