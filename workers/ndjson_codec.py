@@ -65,7 +65,10 @@ def encode_data(line: bytes, data: object) -> bytes:
             return _exact_data(line)
     elif (t is dict or t is list) and _LONG_DIGIT_RUN in line.translate(_DIGITS):
         return _exact_data(line)
-    return orjson.dumps(data)
+    # Copied out: orjson writes into a 4 KiB buffer and shrinks it in place, and a payload held until the end of
+    # the turn (queued for the fabric) pins the rest of that block, which the next message's buffer cannot
+    # reuse.  Kept, that cost 4 KiB of heap per message, a page fault each, and half the 1→1 throughput.
+    return b"%s" % orjson.dumps(data)
 
 
 def _exact_data(line: bytes) -> bytes:
