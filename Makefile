@@ -1,13 +1,14 @@
 # The two quick-start commands (see README.md):
 #   make run    set up a virtual environment and start the broker on the embedded defaults
 #   make test   set up everything the test suite needs (system packages included) and run it
-# ARGS passes options to `brokerctl start` (make run ARGS="--workers 8"); PYTEST_ARGS to pytest.
+# ARGS passes options to `brokerctl start` (make run ARGS="--workers 8") or `brokerctl bench`; PYTEST_ARGS to pytest.
+# make bench   the side-by-side benchmark against nats-server and Redis (installs them if missing; see docs/performance.md)
 
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: run test setup setup-test clean
+.PHONY: run test bench setup setup-test setup-bench clean
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11 or newer is required (set PYTHON=...)")'
@@ -22,9 +23,16 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	@touch $@
 
+$(VENV)/.installed-bench: $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	@touch $@
+
 setup: $(VENV)/.installed
 
 setup-test: $(VENV)/.installed-test
+	scripts/install-test-deps
+
+setup-bench: $(VENV)/.installed-bench
 	scripts/install-test-deps
 
 run: setup
@@ -32,6 +40,9 @@ run: setup
 
 test: setup-test
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: setup-bench
+	$(BIN)/brokerctl bench $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
