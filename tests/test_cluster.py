@@ -219,3 +219,72 @@ def test_two_brokers_on_one_host_do_not_collide(start_broker):
         p1.request({"op": "ping"})
         assert [s1.json()["data"] for _ in range(4)] == ["one"] * 4
         assert s2.nothing(0.5)
+
+
+def test_runs_of_subjects_keep_publish_order_for_every_subscriber(start_broker):
+    """Consecutive messages to one subject travel as a batch; a subscriber of several subjects must still see one
+    publisher's messages in publish order, on the publisher's worker and on the other, whatever the protocols."""
+    import random
+
+    import nats
+
+    b = start_broker(workers=2)
+    rng = random.Random(7)
+    sequence = []
+    while len(sequence) < 800:
+        sequence += [rng.choice("abc")] * rng.randint(1, 40)
+    expect_all = list(range(len(sequence)))
+    expect = {s: [i for i, x in enumerate(sequence) if x == s] for s in "abc"}
+
+    async def run():
+        clients = await spread(b.port, 2, 2)
+        nd_subs = [clients[0][0], clients[1][0]]
+        publisher = clients[0][1]                  # subscribed to everything too: its acks interleave
+        for c in nd_subs + [publisher]:
+            await c.sub("run.>")
+        await clients[1][1].sub("run.a")
+        natses = [await nats.connect(f"nats://127.0.0.1:{b.ports['nats']}", allow_reconnect=False)
+                  for _ in range(2)]
+        got: dict[str, list] = {}
+
+        def collect(key):
+            async def cb(msg):
+                got.setdefault(key, []).append(int(msg.data))
+            return cb
+
+        for k, nc in enumerate(natses):
+            await nc.subscribe("run.>", cb=collect(f"nats{k}.all"))
+            await nc.subscribe("run.b", cb=collect(f"nats{k}.b"))  # two subscriptions on one connection
+        await asyncio.sleep(0)
+        for nc in natses:
+            await nc.flush()
+
+        async def drain(c, n):
+            return [(await c.next_message(timeout=10)).data for _ in range(n)]
+
+        # An NDJSON publisher, then a NATS one, each publishing the same runs of subjects.
+        for i, s in enumerate(sequence):
+            await publisher.pub(f"run.{s}", i, wait=False)
+        await publisher.ping()
+        for c in nd_subs + [publisher]:
+            assert await drain(c, len(sequence)) == expect_all
+        assert await drain(clients[1][1], len(expect["a"])) == expect["a"]
+        for i, s in enumerate(sequence):
+            await natses[0].publish(f"run.{s}", b"%d" % i)
+        await natses[0].flush()
+        for c in nd_subs:
+            assert [int(x) for x in await drain(c, len(sequence))] == expect_all
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(len(got.get(f"nats{k}.all", [])) < 2 * len(sequence)
+                                                  for k in range(2)):
+            await asyncio.sleep(0.05)
+        for k in range(2):
+            assert got[f"nats{k}.all"] == expect_all + expect_all
+            assert got[f"nats{k}.b"] == expect["b"] + expect["b"]
+        for nc in natses:
+            await nc.close()
+        for cs in clients.values():
+            for c in cs:
+                await c.close()
+
+    asyncio.run(run())

@@ -161,6 +161,7 @@ class Connection(asyncio.Protocol):
     def send(self, data: bytes) -> None:
         if self.closed:
             return
+        self.hub.settle(self)  # messages batched for this connection go before what is sent now
         self.out.append(data)
         self.out_bytes += len(data)
         if self.out_bytes >= self.flush_at:
@@ -180,6 +181,23 @@ class Connection(asyncio.Protocol):
         self.bytes_out += n
         self.out.append(data)
         self.out_bytes += n
+        if self.out_bytes >= self.flush_at:
+            self.flush()
+        elif not self.dirty:
+            self.dirty = True
+            self.hub.mark_dirty(self)
+
+    def deliver_batch(self, data: bytes, n: int, head: bytes = b"") -> None:
+        """``n`` deliveries in one chunk (the hub's batches), after ``head`` if one is given."""
+        if self.closed:
+            return
+        size = len(head) + len(data)
+        self.msgs_out += n
+        self.bytes_out += size
+        if head:
+            self.out.append(head)
+        self.out.append(data)
+        self.out_bytes += size
         if self.out_bytes >= self.flush_at:
             self.flush()
         elif not self.dirty:
@@ -262,6 +280,7 @@ class Connection(asyncio.Protocol):
         """
         if self.closed:
             return
+        self.hub.settle(self)
         self.flush()
         self.closed = True
         transport = self.transport

@@ -308,6 +308,7 @@ class NatsSession(Connection):
     def _unsub(self, sid: bytes, limit: int | None) -> None:
         sub = self.subs.get(sid)
         if sub is not None:
+            self.hub.settle(self)  # sub.delivered must count what is batched for it
             if limit and limit > sub.delivered:
                 sub.max_msgs = limit
                 self.hub.subscription_changed()  # routes precompute which subscriptions have no limit

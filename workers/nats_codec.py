@@ -208,6 +208,13 @@ def _size(token: bytes) -> int:
 
 # -- server to client ------------------------------------------------------------------------------------------
 
+def msg_tail(reply: str | None, payload: bytes) -> bytes:
+    """What follows ``MSG <subject> <sid>`` in a message without headers: the same for every subscriber."""
+    if reply:
+        return b" %s %d\r\n%s\r\n" % (reply.encode(), len(payload), payload)
+    return b" %d\r\n%s\r\n" % (len(payload), payload)
+
+
 class Outgoing:
     """One message as NATS subscribers receive it: the parts shared by all of them, built once.
 
