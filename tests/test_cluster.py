@@ -2,10 +2,12 @@
 
 import asyncio
 import os
+import random
 import signal
 import time
 import zlib
 
+import nats
 import pytest
 
 from cli.client import AsyncClient
@@ -224,10 +226,6 @@ def test_two_brokers_on_one_host_do_not_collide(start_broker):
 def test_runs_of_subjects_keep_publish_order_for_every_subscriber(start_broker):
     """Consecutive messages to one subject travel as a batch; a subscriber of several subjects must still see one
     publisher's messages in publish order, on the publisher's worker and on the other, whatever the protocols."""
-    import random
-
-    import nats
-
     b = start_broker(workers=2)
     rng = random.Random(7)
     sequence = []

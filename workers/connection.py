@@ -187,22 +187,11 @@ class Connection(asyncio.Protocol):
             self.dirty = True
             self.hub.mark_dirty(self)
 
-    def deliver_batch(self, data: bytes, n: int, head: bytes = b"") -> None:
-        """``n`` deliveries in one chunk (the hub's batches), after ``head`` if one is given."""
-        if self.closed:
-            return
-        size = len(head) + len(data)
-        self.msgs_out += n
-        self.bytes_out += size
-        if head:
-            self.out.append(head)
-        self.out.append(data)
-        self.out_bytes += size
-        if self.out_bytes >= self.flush_at:
-            self.flush()
-        elif not self.dirty:
-            self.dirty = True
-            self.hub.mark_dirty(self)
+    def deliver_batch(self, data: bytes, n: int) -> None:
+        """``n`` deliveries in one chunk (the hub's batches)."""
+        if not self.closed:
+            self.msgs_out += n - 1
+            self.deliver(data)
 
     def flush(self) -> None:
         self.dirty = False

@@ -106,8 +106,10 @@ class Route:
         batchable = len(nats_conns) == len(nats) and not any(sub.max_msgs for sub in nats)
         self.nats_plain = tuple((sub.conn, sub, self.msg_head + sub.sid) for sub in nats) if batchable else ()
         self.members = (frozenset(ndjson) | nats_conns) if batchable else None   # who a batch holds messages for
-        self.lines: list[bytes] = []  # the open batch: NDJSON delivery lines, NATS "... <size>\r\n<payload>\r\n"
-        self.tails: list[bytes] = []
+        # The open batch: NDJSON delivery lines; NATS tails (" <size>\r\n<payload>\r\n") after an empty first
+        # item, so that joining them with a subscriber's "MSG <subject> <sid>" puts it before every tail.
+        self.lines: list[bytes] = []
+        self.tails: list[bytes] = [b""]
         self.batched = 0
         self.batched_bytes = 0
         self.remote = remote          # workers with a matching plain subscriber
@@ -408,24 +410,16 @@ class Hub:
         if not n:
             return
         route.batched = route.batched_bytes = 0
-        lines, tails = route.lines, route.tails
-        if lines:
-            route.lines = []
+        if route.ndjson:
+            lines, route.lines = route.lines, []
             data = lines[0] if n == 1 else b"".join(lines)
             for conn in route.ndjson:
                 conn.deliver_batch(data, n)
-        if tails:
-            route.tails = []
-            # "MSG <subject> <sid>" before each tail: the prefix, then the tails joined by the prefix.
-            if n == 1:
-                data = tails[0]
-                for conn, sub, prefix in route.nats_plain:
-                    conn.deliver_batch(data, 1, prefix)
-                    sub.delivered += 1
-            else:
-                for conn, sub, prefix in route.nats_plain:
-                    conn.deliver_batch(prefix.join(tails), n, prefix)
-                    sub.delivered += n
+        if route.nats:
+            tails, route.tails = route.tails, [b""]
+            for conn, sub, prefix in route.nats_plain:
+                conn.deliver_batch(prefix.join(tails), n)
+                sub.delivered += n
 
     def settle(self, conn: "Connection") -> None:
         """``conn`` is about to be written to (or closed) outside the open batch: deliver the batch first."""
