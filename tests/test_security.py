@@ -371,6 +371,23 @@ def test_deliveries_keep_flowing_while_fifty_clients_authenticate(start_broker):
     asyncio.run(run())
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread priorities are Linux's")
+def test_password_checks_run_below_the_event_loops_priority(start_broker):
+    b = start_broker(workers=1, config=secure_config())
+    with Raw(b.port) as c:
+        assert auth(c, "chatuser", "secret3") == {"ok": True}
+    (pid,) = b.worker_pids()
+
+    def nice(tid: str) -> int:
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[16])  # field 19, counted after "(comm)"
+
+    loop = nice(str(pid))
+    assert loop == os.getpriority(os.PRIO_PROCESS, 0), "the event loop's thread keeps the broker's priority"
+    others = [nice(t) for t in os.listdir(f"/proc/{pid}/task") if t != str(pid)]
+    assert min(19, loop + 10) in others, f"no hashing thread 10 below the loop's priority: {others}"
+
+
 def test_password_hash_in_config_and_plaintext_warning(tmp_path, start_broker):
     config = secure_config()
     config["security"]["users"].append({"username": "hashed", "password_hash": passwords.hash_password("h4sh", 1000),
