@@ -535,9 +535,7 @@ class Hub:
                 self._remote_by_peer[src].discard(item[1])
                 self._invalidate()
         elif kind == _INTEREST_SNAPSHOT:
-            patterns = self._remote_by_peer[src]
-            for pattern in patterns:
-                self.remote.remove(pattern, src)
+            self._forget_interest(src)
             for pattern in item[1]:
                 self.remote.insert(pattern, src)
             self._remote_by_peer[src] = set(item[1])
@@ -572,13 +570,16 @@ class Hub:
             self._fins_changed.set()  # a dead peer will send no fin: stop waiting for it
 
     def _drop_peer_interest(self, src: int) -> None:
-        patterns = self._remote_by_peer.get(src)
-        if patterns:
-            for pattern in patterns:
-                self.remote.remove(pattern, src)
-            patterns.clear()
+        self._forget_interest(src)
         self.queues.drop_peer(src)
         self._invalidate()
+
+    def _forget_interest(self, src: int) -> None:
+        """The patterns ``src`` announced, out of the remote trie (its queue members stay)."""
+        patterns = self._remote_by_peer[src]
+        for pattern in patterns:
+            self.remote.remove(pattern, src)
+        patterns.clear()
 
     def on_congestion(self, congested: bool) -> None:
         self.congested = congested

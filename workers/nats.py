@@ -170,8 +170,6 @@ class NatsSession(Connection):
         for key in ("verbose", "pedantic", "echo"):
             if flags[key] is not None:
                 setattr(self, key, flags[key])
-        if self.subs:
-            self.hub.subscription_changed()  # routes precompute who receives its own messages
         self.headers, self.no_responders = headers, no_responders
         self.name = str(opts.get("name") or "")[:256]
         self.lang = str(opts.get("lang") or "")[:64]
