@@ -61,10 +61,9 @@ class SecurityManager:
         self.version += 1
         version = self.version
         waiting = set()
-        for slot in self.sup.slots:
-            if slot is not None and slot.state != "dead":
-                slot.channel.send({"k": "users", "v": version, "change": change})
-                waiting.add(slot.index)
+        for slot in self.sup.live_slots():
+            slot.channel.send({"k": "users", "v": version, "change": change})
+            waiting.add(slot.index)
         if not waiting:
             return
         fut = asyncio.get_running_loop().create_future()
@@ -122,9 +121,8 @@ class SecurityManager:
             times.clear()
             log.warning("%s: %d failed authentications within %gs; blocking it for %gs",
                         address, self.settings.failures_per_address, window, duration)
-            for slot in self.sup.slots:
-                if slot is not None and slot.state != "dead":
-                    slot.channel.send({"k": "block", "ip": address, "seconds": duration})
+            for slot in self.sup.live_slots():
+                slot.channel.send({"k": "block", "ip": address, "seconds": duration})
         if len(self._failures) > 10_000:  # bounded memory under a spray of addresses
             self._failures = {a: t for a, t in self._failures.items() if t and now - t[-1] <= window}
             self._blocked = {a: u for a, u in self._blocked.items() if u > now}

@@ -276,9 +276,8 @@ class Supervisor:
         if len(self._deaths) > _CRASH_LIMIT:
             self._halt(f"{len(self._deaths)} worker deaths in {_CRASH_WINDOW:g}s", EXIT_FAILED)
             return
-        for other in self.slots:
-            if other is not None and other is not slot and other.state != "dead":
-                other.channel.send({"k": "peer_down", "w": slot.index, "epoch": slot.epoch})
+        for other in self.live_slots():  # the dead one is marked dead already
+            other.channel.send({"k": "peer_down", "w": slot.index, "epoch": slot.epoch})
         self._spawn(slot.index)
 
     def _murder_unresponsive(self) -> None:
@@ -302,6 +301,10 @@ class Supervisor:
             return False
         slot.live += 1
         return True
+
+    def live_slots(self) -> list[WorkerSlot]:
+        """The workers that are running (booting or ready)."""
+        return [s for s in self.slots if s is not None and s.state != "dead"]
 
     def _at_capacity(self) -> bool:
         return sum(s.live for s in self.slots if s is not None) >= self.config.limits.max_connections
@@ -335,7 +338,7 @@ class Supervisor:
         if self.monitor is not None:
             await self.monitor.close()
         grace = self.config.shutdown.grace_period
-        alive = [s for s in self.slots if s is not None and s.state != "dead"]
+        alive = self.live_slots()
         if self._stop == "fast":
             for slot in alive:
                 _kill(slot.pid)
