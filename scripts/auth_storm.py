@@ -17,41 +17,22 @@ import argparse
 import asyncio
 import json
 import os
-import re
-import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from cli.bench.scenarios import percentiles  # noqa: E402
+from cli.bench.servers import start_broker  # noqa: E402
 from cli.client import AsyncClient  # noqa: E402
 
 USER, PASSWORD = "chatuser", "secret3"
 
 
-def start_broker(config_path: str) -> tuple[subprocess.Popen, int]:
-    brokerctl = os.path.join(os.path.dirname(sys.executable), "brokerctl")
-    proc = subprocess.Popen([brokerctl, "start", "--config", config_path, "--workers", "1", "--port", "0",
-                             "--nats-port", "0", "--monitor-port", "0"], stderr=subprocess.PIPE, text=True)
-    for line in proc.stderr:
-        m = re.search(r"ready: ndjson=[^ ]*:(\d+)", line)
-        if m:
-            # Keep reading the log, or the broker would block once the pipe is full.
-            threading.Thread(target=proc.stderr.read, daemon=True).start()
-            return proc, int(m.group(1))
-    raise RuntimeError("the broker did not start")
-
-
-def summary(samples: list[float]) -> str:
-    s = sorted(samples)
-    if not s:
-        return "no samples"
-    p99 = s[min(len(s) - 1, int(len(s) * 0.99))]
-    return (f"{len(s):6d} deliveries  p50 {statistics.median(s) * 1e6:7.0f} µs  p99 {p99 * 1e6:7.0f} µs  "
-            f"max {s[-1] * 1e6:7.0f} µs")
+def summary(latencies_ns: list[int]) -> str:
+    p = percentiles(latencies_ns)
+    return f"{p['samples']:6d} deliveries  p50 {p['p50']:7.0f} µs  p99 {p['p99']:7.0f} µs  max {p['max']:7.0f} µs"
 
 
 async def measure(port: int, clients: int, rate: float, quiet: float) -> None:
@@ -59,7 +40,7 @@ async def measure(port: int, clients: int, rate: float, quiet: float) -> None:
     pub = await AsyncClient.connect("127.0.0.1", port, user=USER, password=PASSWORD)
     await sub.sub("chat.storm")
     phase = {"name": "quiet"}
-    latencies: dict[str, list[float]] = {"quiet": [], "storm": []}
+    latencies: dict[str, list[int]] = {"quiet": [], "storm": []}
     running = True
 
     async def publish() -> None:
@@ -67,7 +48,7 @@ async def measure(port: int, clients: int, rate: float, quiet: float) -> None:
         while running:
             due = int((time.monotonic() - started) * rate)
             for _ in range(due - sent):
-                await pub.pub("chat.storm", time.monotonic(), wait=False)
+                await pub.pub("chat.storm", time.monotonic_ns(), wait=False)
             sent = due
             await asyncio.sleep(0.001)
 
@@ -77,7 +58,7 @@ async def measure(port: int, clients: int, rate: float, quiet: float) -> None:
                 m = await sub.next_message(timeout=0.5)
             except TimeoutError:
                 continue
-            latencies[phase["name"]].append(time.monotonic() - m.data)
+            latencies[phase["name"]].append(time.monotonic_ns() - m.data)
 
     tasks = [asyncio.ensure_future(publish()), asyncio.ensure_future(receive())]
     await asyncio.sleep(quiet)
@@ -112,12 +93,11 @@ def main() -> None:
         path = os.path.join(tmp, "config.json")
         with open(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
             json.dump(config, f)
-        proc, port = start_broker(path)
+        broker = start_broker(1, config=path)  # one worker: every connection shares its event loop
         try:
-            asyncio.run(measure(port, args.clients, args.rate, args.quiet))
+            asyncio.run(measure(broker.ports["ndjson"], args.clients, args.rate, args.quiet))
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            broker.stop()
 
 
 if __name__ == "__main__":

@@ -238,8 +238,7 @@ class Bench:
                "loss": expected - delivered, "seconds": round(seconds, 4),
                "msgs_per_sec": round(delivered / seconds) if seconds else 0, "payload": self.opts.payload}
         if sc.kind == "latency":
-            lat = sorted(x for rep in replies.values() for x in rep["latencies"])
-            res["latency_us"] = _percentiles(lat)
+            res["latency_us"] = percentiles([x for rep in replies.values() for x in rep["latencies"]])
         return res
 
     def _connections(self, sc: Scenario, target: Target, server: servers.Server, port: int, gens: list) -> dict:
@@ -324,7 +323,9 @@ def _ratio(sc: Scenario, row: dict, base: dict) -> float | None:
     return round(a / b, 3) if b else None
 
 
-def _percentiles(values: list[int]) -> dict:
+def percentiles(latencies_ns: list[int]) -> dict:
+    """p50, p99, p99.9 and max in microseconds, and the number of samples."""
+    values = sorted(latencies_ns)
     if not values:
         return {"p50": 0, "p99": 0, "p99.9": 0, "max": 0, "samples": 0}
     pick = lambda q: values[min(len(values) - 1, int(q * len(values)))] / 1000  # noqa: E731

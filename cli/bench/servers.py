@@ -96,13 +96,16 @@ class Server:
                 print(f"{self.name} exited with code {code}; its log: {self._log.name}", file=sys.stderr)
 
 
-def start_broker(workers: int | None) -> Server:
+def start_broker(workers: int | None, config: str | None = None) -> Server:
+    """This broker on free ports, with the configuration file ``config`` if one is given."""
     log = tempfile.NamedTemporaryFile(prefix="bench-broker-", suffix=".log", delete=False)
     # At the default log level: the ready line (INFO) names the ports.
     cmd = [sys.executable, "-m", "cli", "start", "--port", "0", "--nats-port", "0", "--monitor-port", "0",
            "--grace", "2"]
     if workers:
         cmd += ["--workers", str(workers)]
+    if config:
+        cmd += ["--config", config]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     from cluster import VERSION
