@@ -29,6 +29,12 @@ async def spread(port: int, workers: int, per_worker: int, user: str | None = No
     return by_worker
 
 
+async def close_spread(by_worker: dict[int, list[AsyncClient]]) -> None:
+    for clients in by_worker.values():
+        for c in clients:
+            await c.close()
+
+
 def test_cross_worker_delivery_and_per_publisher_order(start_broker):
     b = start_broker(workers=4)
 
@@ -53,9 +59,7 @@ def test_cross_worker_delivery_and_per_publisher_order(start_broker):
                 assert got == list(range(per_pub)), f"publisher {i} out of order or lossy"
             with pytest.raises(TimeoutError):
                 await s.next_message(timeout=0.2)
-        for cs in clients.values():
-            for c in cs:
-                await c.close()
+        await close_spread(clients)
 
     asyncio.run(run())
     varz = b.varz()
@@ -128,8 +132,7 @@ def test_subject_owner_keeps_counters(start_broker):
         for w, cs in clients.items():
             for _ in range(w + 1):
                 await cs[0].pub("counted.subject", "x" * 10)
-        for cs in clients.values():
-            await cs[0].close()
+        await close_spread(clients)
 
     asyncio.run(run())
     owner = zlib.crc32(b"counted.subject") % 3
@@ -183,9 +186,7 @@ def test_killed_worker_is_replaced_and_other_clients_keep_receiving(start_broker
         for w in survivors:
             got = [(await clients[w][0].next_message(timeout=5)).data for _ in range(2)]
             assert got == ["after", "from-new"]
-        for cs in clients.values():
-            for c in cs:
-                await c.close()
+        await close_spread(clients)
         await newcomer.close()
 
     asyncio.run(run())
@@ -281,8 +282,6 @@ def test_runs_of_subjects_keep_publish_order_for_every_subscriber(start_broker):
             assert got[f"nats{k}.b"] == expect["b"] + expect["b"]
         for nc in natses:
             await nc.close()
-        for cs in clients.values():
-            for c in cs:
-                await c.close()
+        await close_spread(clients)
 
     asyncio.run(run())

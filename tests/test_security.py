@@ -14,7 +14,7 @@ import pytest
 from cli.client import AsyncClient, BrokerError
 from cluster import passwords
 from harness import REPO, Raw
-from test_cluster import spread
+from test_cluster import close_spread, spread
 
 
 def secure_config(**security) -> dict:
@@ -163,9 +163,7 @@ def test_delivery_needs_subscribe_permission_at_delivery_time_across_workers(sta
         assert (await reader.next_message(timeout=5)).data == 5
         with pytest.raises(TimeoutError):
             await reader.next_message(timeout=0.3)
-        for cs in clients.values():
-            for c in cs:
-                await c.close()
+        await close_spread(clients)
 
     asyncio.run(run())
 
