@@ -131,6 +131,7 @@ class Monitor:
             "out_msgs": total("out_msgs"),
             "in_bytes": total("in_bytes"),
             "out_bytes": total("out_bytes"),
+            "out_wire_bytes": total("out_wire_bytes"),
             "slow_consumers": total("slow_consumers"),
             "fabric_lost_frames": fabric("lost_frames"),
             "fabric_lost_messages": fabric("lost_messages"),

@@ -8,12 +8,16 @@ single worker it is addressed to.  On top of that:
   event-loop turn (``flush``), which is what makes ZeroMQ fast from Python.
 - Sequence numbers per link: a gap is detected and counted (frames and messages), never silent.
 - Acks and flow control: every frame carries the highest sequence number its sender has processed from the
-  destination.  A sender keeps at most ``window_bytes`` (and half the HWM in frames) unacknowledged on a link; past
-  that it reports congestion so the worker stops reading from publishing clients (as nats-server stalls fast
-  producers), and PUB never reaches its high-water mark, where it would drop.  A peer whose window stays full
-  with no ack at all for ``stall_timeout`` (a stuck worker, until the supervisor replaces it; a slow one still
-  acknowledges as it goes) is declared lagging and no longer holds anyone up: messages for it beyond the window
-  are dropped here and counted (``dropped_messages``), so memory stays bounded.
+  destination.  Processed means done: a frame's messages count only once the handler has handed every one of them
+  to its subscribers' connections (``finish``), which may be turns later (a bounded turn leaves a backlog) or only
+  once messages it forwarded in turn are processed (a queue group's owner dispatching to another worker).  So an
+  ack is a delivery receipt, which is what makes a client's PING/PONG mean "delivered" across workers.  A sender
+  keeps at most ``window_bytes`` (and half the HWM in frames) unacknowledged on a link; past that it reports
+  congestion so the worker stops reading from publishing clients (as nats-server stalls fast producers), and PUB
+  never reaches its high-water mark, where it would drop.  A peer whose window stays full with no ack at all for
+  ``stall_timeout`` (a stuck worker, until the supervisor replaces it; a slow one still acknowledges as it goes)
+  is declared lagging and no longer holds anyone up: messages for it beyond the window are dropped here and
+  counted (``dropped_messages``), so memory stays bounded.
 - Sync points: ``when_processed(callback)`` calls back once every peer has processed every frame queued so far,
   which is how a subscription is known to be in force on all workers before its client is told ``ok``.
 - Hello: a worker that starts sends hello to every peer until each answers; the answer carries the peer's interest
@@ -44,7 +48,9 @@ _MAX_FRAME_MESSAGES = 4096  # split a destination's batch above this, to bound f
 
 
 class FabricHandler(Protocol):
-    def on_messages(self, src: int, messages: list) -> None: ...
+    def on_messages(self, src: int, messages: list, token: tuple[int, int] | None) -> None:
+        """Deliver ``messages``, then call ``Fabric.finish(src, token)`` (at once or later); None: nothing to
+        acknowledge (frames of a peer's previous incarnation)."""
     def on_control(self, src: int, item: tuple) -> None: ...
     def on_peer_hello(self, src: int) -> None: ...
     def on_peer_reset(self, src: int) -> None: ...
@@ -61,8 +67,9 @@ class _Link:
 
     __slots__ = ("peer", "prefix", "out_msgs", "out_ctrl", "out_seq", "out_msg_count", "acked", "inflight",
                  "inflight_bytes", "congested_since", "acked_at", "lagging", "in_epoch", "in_seq", "in_msg_count",
-                 "processed", "ack_owed", "up", "lost_frames", "lost_messages", "frames_in", "frames_out",
-                 "messages_in", "messages_out", "dropped_messages", "dropped_at_lag", "stalls")
+                 "processed", "unfinished", "finished_early", "ack_owed", "up", "lost_frames", "lost_messages",
+                 "frames_in", "frames_out", "messages_in", "messages_out", "dropped_messages", "dropped_at_lag",
+                 "stalls")
 
     def __init__(self, peer: int) -> None:
         self.peer = peer
@@ -80,7 +87,9 @@ class _Link:
         self.in_epoch = -1
         self.in_seq = 0
         self.in_msg_count = 0
-        self.processed = 0
+        self.processed = 0         # the highest sequence number up to which every frame is finished: our ack
+        self.unfinished: collections.deque[int] = collections.deque()   # received, not finished, in order
+        self.finished_early: set[int] = set()   # finished while an earlier frame is still unfinished
         self.ack_owed = False
         # Up: the peer's current incarnation has acknowledged one of our frames, so both directions work.
         self.up = False
@@ -287,7 +296,7 @@ class Fabric:
         if epoch < link.in_epoch:
             # Sent by the incarnation this peer replaced, still queued: its messages were published, deliver them.
             if messages:
-                self.handler.on_messages(src, messages)
+                self.handler.on_messages(src, messages, None)
             return
         if epoch > link.in_epoch:
             if link.in_epoch >= 0:
@@ -296,12 +305,15 @@ class Fabric:
             link.in_epoch = epoch
             link.in_seq = 0
             link.processed = 0
+            link.unfinished.clear()
+            link.finished_early.clear()
             link.in_msg_count = msgs_before
             link.forget_inflight()
             link.up = False
-        if ack and ack_epoch == self.epoch:  # an ack of our frames, not of our predecessor's
-            self._on_ack(link, ack)
+        acked = ack and ack_epoch == self.epoch  # an ack of our frames, not of our predecessor's
         if seq == 0:
+            if acked:
+                self._on_ack(link, ack)
             return  # ack-only
         if link.in_seq and seq != link.in_seq + 1:
             lost = seq - link.in_seq - 1
@@ -311,8 +323,7 @@ class Fabric:
             log.error("fabric link %d->%d lost %d frame(s), %d message(s)", src, self.index, lost, lost_msgs)
         link.in_seq = seq
         link.in_msg_count = msgs_before + len(messages)
-        link.processed = seq
-        link.ack_owed = True
+        link.unfinished.append(seq)
         link.frames_in += 1
         link.messages_in += len(messages)
         for item in control:
@@ -325,7 +336,32 @@ class Fabric:
             else:
                 self.handler.on_control(src, item)
         if messages:
-            self.handler.on_messages(src, messages)
+            self.handler.on_messages(src, messages, (epoch, seq))
+        else:
+            self.finish(src, (epoch, seq))
+        if acked:
+            # After the messages: the peer sent them before it processed what it acknowledges, so a sync point
+            # released by this ack finds them handed to the handler (Hub.after_inflight relies on it).
+            self._on_ack(link, ack)
+
+    def finish(self, src: int, token: tuple[int, int]) -> None:
+        """Every message of the frame ``token`` names is delivered: acknowledge it once the frames before it are."""
+        link = self.links.get(src)
+        epoch, seq = token
+        if link is None or link.in_epoch != epoch:
+            return  # the peer restarted since: it waits for nothing of its predecessor's
+        unfinished = link.unfinished
+        if not unfinished or unfinished[0] != seq:
+            if seq in unfinished:
+                link.finished_early.add(seq)
+            return
+        unfinished.popleft()
+        early = link.finished_early
+        while unfinished and unfinished[0] in early:
+            early.discard(unfinished.popleft())
+        link.processed = unfinished[0] - 1 if unfinished else link.in_seq
+        link.ack_owed = True
+        self.handler.schedule_flush()
 
     def _on_ack(self, link: _Link, ack: int) -> None:
         if ack > link.acked:

@@ -562,10 +562,47 @@ def test_monitoring_after_known_nats_traffic(nb):
         entry = next(c for c in connz["connections"] if c["cid"] == nc._client_id)
         assert entry["name"] == "monitored" and entry["lang"] == "python3" and entry["version"]
         assert entry["subscriptions"] == 2 and entry["subscriptions_list"] == ["m.*", "m.x"]
-        assert entry["in_msgs"] == 3 and entry["in_bytes"] > 0 and entry["out_msgs"] == 6
+        assert entry["in_msgs"] == 3 and entry["in_bytes"] == 15 and entry["out_msgs"] == 6
+        assert entry["out_bytes"] == 30  # payload bytes, as nats-server counts them, not "MSG m.x 1 5\r\n..."
+        assert entry["out_wire_bytes"] >= 6 * len(b"MSG m.x 1 5\r\n12345\r\n")
         varz = nb.varz()
         assert varz["in_msgs"] == 3 and varz["out_msgs"] == 6 and varz["in_bytes"] == 15
+        assert varz["out_bytes"] == 30
         assert varz["subscriptions"] == 2
         await nc.close()
 
     asyncio.run(run())
+
+
+def test_byte_counters_count_payloads_as_nats_server(start_broker):
+    """in_bytes/out_bytes count payload bytes (the header block too for HPUB/HMSG), on every delivery path:
+    batched, per message, across workers, with headers stripped for a client that did not negotiate them."""
+    b = start_broker(workers=2)
+    port = b.ports["nats"]
+    conns = []
+    for headers in ("true", "true", "false"):
+        c = Raw(port)
+        c.line()
+        c.send(b'CONNECT {"verbose":false,"headers":%s}\r\nPING\r\n' % headers.encode())
+        assert c.line() == b"PONG\r\n"
+        conns.append(c)
+    pub, sub_h, sub_plain = conns
+    for s in (sub_h, sub_plain):
+        s.send(b"SUB c.x 1\r\nPING\r\n")
+        assert s.line() == b"PONG\r\n"
+    hdr = b"NATS/1.0\r\nA: b\r\n\r\n"
+    pub.send(b"PUB c.x 1\r\nA\r\n" + b"HPUB c.x %d %d\r\n" % (len(hdr), len(hdr) + 2) + hdr + b"BC\r\nPING\r\n")
+    assert pub.line() == b"PONG\r\n"
+    for s in (sub_h, sub_plain):
+        s.send(b"PING\r\n")
+        while s.line() != b"PONG\r\n":
+            pass
+    rows = {c["port"]: c for c in b.http("/connz")[1]["connections"]}
+    entry = lambda raw: rows[raw.sock.getsockname()[1]]  # noqa: E731
+    assert entry(pub)["in_bytes"] == 1 + len(hdr) + 2
+    assert entry(sub_h)["out_bytes"] == 1 + len(hdr) + 2       # MSG, then HMSG with its header block
+    assert entry(sub_plain)["out_bytes"] == 1 + 2              # MSG twice: the headers were not sent
+    varz = b.varz()
+    assert varz["in_bytes"] == 1 + len(hdr) + 2 and varz["out_bytes"] == 2 * (1 + 2) + len(hdr)
+    for c in conns:
+        c.close()

@@ -128,8 +128,9 @@ class BridgeSession(Connection):
     # -- delivery -------------------------------------------------------------------------------------------
     def deliver_message(self, subject: str, kind: int, payload: bytes, reply: str | None,
                         headers: bytes | None) -> None:
-        framed = codec.chunks(as_bytes(kind, payload))
+        body = as_bytes(kind, payload)
+        framed = codec.chunks(body)
         self.msgs_out += 1
-        self.bytes_out += sum(map(len, framed))
+        self.bytes_out += len(body)
         for part in framed:
             self.send(part)

@@ -67,8 +67,12 @@ class Connection(asyncio.Protocol):
         self._yielded = False            # ... or only for a later turn (budget, or the worker's hold)
         self.started = time.time()
         self._paused = 0
-        # In: messages published and their payload bytes (as nats-server counts them).  Out: deliveries, and the
-        # bytes written for them (framing included: counting payloads apart would cost the hot path).
+        # Published to another worker since the last ping: the ping's reply waits until those messages are
+        # delivered there (Hub.when_delivered), so a reply to a ping means "delivered", as in one process.
+        self.crossed = False
+        self.corked = False   # output waits (NatsSession: a PONG waits for the commands read with it to settle)
+        # Messages published and delivered, and their payload bytes (headers included for HPUB/HMSG), as
+        # nats-server counts them; what went over the wire, framing and replies included, is flushed_total.
         self.msgs_in = self.bytes_in = self.msgs_out = self.bytes_out = 0
 
     # -- asyncio.Protocol -----------------------------------------------------------------------------------
@@ -172,13 +176,14 @@ class Connection(asyncio.Protocol):
             self.dirty = True
             self.hub.mark_dirty(self)
 
-    def deliver(self, data: bytes) -> None:
-        """``send`` for a message delivery, which the out counters count.  The hot path: ``send`` inlined."""
+    def deliver(self, data: bytes, size: int) -> None:
+        """``send`` for a message delivery of ``size`` payload bytes, which the out counters count.  The hot path:
+        ``send`` inlined."""
         if self.closed:
             return
         n = len(data)
         self.msgs_out += 1
-        self.bytes_out += n
+        self.bytes_out += size
         self.out.append(data)
         self.out_bytes += n
         if self.out_bytes >= self.flush_at:
@@ -187,15 +192,15 @@ class Connection(asyncio.Protocol):
             self.dirty = True
             self.hub.mark_dirty(self)
 
-    def deliver_batch(self, data: bytes, n: int) -> None:
-        """``n`` deliveries in one chunk (the hub's batches)."""
+    def deliver_batch(self, data: bytes, n: int, size: int) -> None:
+        """``n`` deliveries of ``size`` payload bytes in all, in one chunk (the hub's batches)."""
         if not self.closed:
             self.msgs_out += n - 1
-            self.deliver(data)
+            self.deliver(data, size)
 
     def flush(self) -> None:
         self.dirty = False
-        if self.closed or not self.out:
+        if self.closed or not self.out or self.corked:
             return
         out, self.out = self.out, []
         self.flushed_total += self.out_bytes
@@ -270,6 +275,7 @@ class Connection(asyncio.Protocol):
         if self.closed:
             return
         self.hub.settle(self)
+        self.corked = False
         self.flush()
         self.closed = True
         transport = self.transport
@@ -337,5 +343,6 @@ class Connection(asyncio.Protocol):
             "authorized_user": self.user.name if self.user is not None else "",
             "subscriptions": len(self.subs), "pending_bytes": self.pending_bytes,
             "in_msgs": self.msgs_in, "in_bytes": self.bytes_in, "out_msgs": self.msgs_out, "out_bytes": self.bytes_out,
+            "out_wire_bytes": self.flushed_total,
             "name": "", "lang": "", "version": "",
         }

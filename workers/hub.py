@@ -63,7 +63,7 @@ _BATCH_BYTES = 64 * 1024
 # counters, and the end of a worker's traffic when it stops.
 _INTEREST_ADD, _INTEREST_DEL, _INTEREST_SNAPSHOT = "+", "-", "snap"
 _QUEUE_ADD, _QUEUE_DEL, _QUEUE_SNAPSHOT = "q+", "q-", "qsnap"
-_COUNTERS, _FIN = "cnt", "fin"
+_COUNTERS, _FIN, _SYNC = "cnt", "fin", "sync"
 
 
 async def _no_supervisor(message: dict) -> dict:
@@ -87,7 +87,7 @@ class Route:
 
     __slots__ = ("subject", "subject_b", "msg_head", "ndjson", "nats", "nats_plain", "others", "local", "remote",
                  "queued", "groups", "owner", "prefix", "wild", "msgs", "bytes", "fanout", "members", "lines",
-                 "tails", "batched", "batched_bytes")
+                 "tails", "batched", "batched_bytes", "batched_payload")
 
     def __init__(self, subject: str, ndjson: tuple, nats: tuple, others: tuple, remote: tuple[int, ...],
                  queued: bool, owner: int) -> None:
@@ -112,6 +112,7 @@ class Route:
         self.tails: list[bytes] = [b""]
         self.batched = 0
         self.batched_bytes = 0
+        self.batched_payload = 0      # payload bytes of the open batch (what the out_bytes counters count)
         self.remote = remote          # workers with a matching plain subscriber
         self.queued = queued          # some queue group of the cluster matches: the owner dispatches
         self.groups = None            # the owner's queue groups for this subject, built when first needed
@@ -151,8 +152,10 @@ class Hub:
         self._flush_scheduled = False
         self.turn_work = 0                        # publishes and deliveries made in this event-loop turn
         self.batch: Route | None = None           # the route whose consecutive messages are being batched
-        self._backlog: collections.deque[list] = collections.deque()   # [messages from the fabric, next index]
+        # [messages from the fabric, next index, source worker, frame token, forwarded to a third worker]
+        self._backlog: collections.deque[list] = collections.deque()
         self._backlog_scheduled = False
+        self._backlog_waiters: list[Callable[[], None]] = []   # after_inflight callbacks waiting for the backlog
         self._counted: list[Route] = []
         self.owned = SubjectTable(config.limits.max_tracked_subjects)
 
@@ -168,6 +171,7 @@ class Hub:
         self.closed_since_report = 0
         self.started = time.time()
         self.msgs_in = self.bytes_in = self.msgs_out = self.bytes_out = 0
+        self.wire_bytes_out = 0   # of closed connections: everything written, framing and replies included
         self.slow_consumers = 0
         self.total_connections = 0
 
@@ -186,6 +190,7 @@ class Hub:
         self.backpressure.drained(conn)
         self.msgs_out += conn.msgs_out
         self.bytes_out += conn.bytes_out
+        self.wire_bytes_out += conn.flushed_total
         self.closed_since_report += 1
 
     def slow_consumer(self, conn: "Connection") -> None:
@@ -310,7 +315,7 @@ class Hub:
                 origin: "Connection") -> bool:
         """A client of this worker published: deliver here, forward to the workers concerned, count.
         False if nobody anywhere can receive it (what NATS' no-responders reports)."""
-        n = len(payload)
+        n = len(payload) if headers is None else len(payload) + len(headers)
         self.msgs_in += 1
         self.bytes_in += n
         self.turn_work += 1  # a publish is work even when every subscriber is elsewhere
@@ -322,9 +327,11 @@ class Hub:
         remote, queued = route.remote, route.queued
         if remote and not queued:
             self.fabric.send_to(remote, (route.subject, kind, payload, reply, headers, None))
+            origin.crossed = True
             self.schedule_flush()
             return True
         if queued:
+            origin.crossed = True  # to the owner, or from here to members elsewhere: either way, a barrier waits
             owner = route.owner
             dispatch = ("q", self.index, origin.cid, not origin.echo)
             if owner == self.index:
@@ -348,10 +355,11 @@ class Hub:
         if self.batch is not None:
             self.end_batch()
         count = 0
+        size = len(payload)
         if route.ndjson:
             line = ndjson_codec.delivery(route.prefix, kind, payload, reply, headers)
             for conn in route.ndjson:
-                conn.deliver(line)
+                conn.deliver(line, size)
             count += len(route.ndjson)
         if route.nats:
             # Only the sid differs between subscribers, unless headers make it HMSG for those that negotiated them.
@@ -365,7 +373,10 @@ class Hub:
                 conn = sub.conn
                 if conn is origin and not conn.echo:
                     continue
-                conn.deliver(head + sub.sid + tail if out is None else conn.frame_for(sub, out))
+                if out is None:
+                    conn.deliver(head + sub.sid + tail, size)
+                else:
+                    conn.deliver(conn.frame_for(sub, out), conn.payload_size(out))
                 count += 1
                 sub.delivered += 1
                 if sub.max_msgs and sub.delivered >= sub.max_msgs:
@@ -396,6 +407,7 @@ class Hub:
             conn.deliver_message(route.subject, kind, payload, reply, None)
         route.batched += 1
         route.batched_bytes += size
+        route.batched_payload += len(payload)
         count = route.fanout
         self.turn_work += count
         # Bound what one batch turns into: deliveries (a NATS subscriber gets its own copy) and bytes.
@@ -409,16 +421,17 @@ class Hub:
         n = route.batched
         if not n:
             return
-        route.batched = route.batched_bytes = 0
+        size = route.batched_payload
+        route.batched = route.batched_bytes = route.batched_payload = 0
         if route.ndjson:
             lines, route.lines = route.lines, []
             data = lines[0] if n == 1 else b"".join(lines)
             for conn in route.ndjson:
-                conn.deliver_batch(data, n)
+                conn.deliver_batch(data, n, size)
         if route.nats:
             tails, route.tails = route.tails, [b""]
             for conn, sub, prefix in route.nats_plain:
-                conn.deliver_batch(prefix.join(tails), n)
+                conn.deliver_batch(prefix.join(tails), n, size)
                 sub.delivered += n
 
     def settle(self, conn: "Connection") -> None:
@@ -428,16 +441,20 @@ class Hub:
             self.end_batch()
 
     def _dispatch_queues(self, route: Route, kind: int, payload: bytes, reply: str | None, headers: bytes | None,
-                         dispatch: tuple) -> None:
-        """This worker owns the subject: one member per queue group, wherever the members are."""
+                         dispatch: tuple) -> bool:
+        """This worker owns the subject: one member per queue group, wherever the members are.  -> whether some
+        went to another worker."""
         if route.groups is None:
             route.groups = self.queues.groups(route.subject)
         _, origin_worker, origin_cid, no_echo = dispatch
+        forwarded = False
         for worker, members in self.queues.pick(route.groups, origin_worker, origin_cid, no_echo).items():
             if worker == self.index:
                 self._deliver_members(route.subject, kind, payload, reply, headers, members)
             else:
                 self.fabric.send(worker, (route.subject, kind, payload, reply, headers, ("m", members)))
+                forwarded = True
+        return forwarded
 
     def _deliver_members(self, subject: str, kind: int, payload: bytes, reply: str | None, headers: bytes | None,
                          members: list) -> None:
@@ -452,7 +469,7 @@ class Hub:
             if out is None:
                 out = Outgoing(subject.encode(), reply.encode() if reply else None, headers, as_bytes(kind, payload))
             conn = sub.conn
-            conn.deliver(conn.frame_for(sub, out))
+            conn.deliver(conn.frame_for(sub, out), conn.payload_size(out))
             self.turn_work += 1
             sub.delivered += 1
             if sub.max_msgs and sub.delivered >= sub.max_msgs:
@@ -461,12 +478,14 @@ class Hub:
     def _work_backlog(self) -> None:
         """Deliver what other workers sent, in order, at most a turn's budget at a time: one frame can carry
         thousands of messages, each for thousands of subscribers.  While a backlog remains, the fabric's input
-        is paused (so later frames cannot overtake it) and the rest waits for the next turn."""
+        is paused (so later frames cannot overtake it) and the rest waits for the next turn.  A frame is finished
+        (acknowledged) when its last message is delivered, or, if it made this worker forward queue-group messages to
+        a third worker, once that worker has processed them: an ack means delivered, however many hops it took."""
         self._backlog_scheduled = False
         backlog = self._backlog
         while backlog:
             entry = backlog[0]
-            messages, i = entry
+            messages, i = entry[0], entry[1]
             n = len(messages)
             while i < n:
                 if self.turn_work >= TURN_BUDGET or self.backpressure.active:
@@ -486,11 +505,17 @@ class Hub:
                 if route is None:
                     route = self.route_for(subject)
                 self._deliver(route, kind, payload, reply, headers, None)
-                if extra is not None and route.queued:
-                    self._dispatch_queues(route, kind, payload, reply, headers, extra)
+                if extra is not None and route.queued and self._dispatch_queues(route, kind, payload, reply,
+                                                                                headers, extra):
+                    entry[4] = True
             backlog.popleft()
+            self._finished(entry)
         if self.fabric is not None:
             self.fabric.pause_input("backlog", False)
+        if self._backlog_waiters:
+            waiters, self._backlog_waiters = self._backlog_waiters, []
+            for callback in waiters:
+                callback()
 
     # -- end of turn ----------------------------------------------------------------------------------------
     def mark_dirty(self, conn: "Connection") -> None:
@@ -519,10 +544,46 @@ class Hub:
         self._flush()
 
     # -- fabric handler -------------------------------------------------------------------------------------
-    def on_messages(self, src: int, messages: list) -> None:
-        self._backlog.append([messages, 0])
+    def on_messages(self, src: int, messages: list, token: tuple[int, int] | None) -> None:
+        self._backlog.append([messages, 0, src, token, False])
         if len(self._backlog) == 1:
             self._work_backlog()
+
+    def _finished(self, entry: list) -> None:
+        _, _, src, token, forwarded = entry
+        if token is None:
+            return
+        fabric = self.fabric
+        if forwarded:
+            fabric.when_processed(lambda: fabric.finish(src, token))
+        else:
+            fabric.finish(src, token)
+
+    def after_inflight(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once every message the other workers had already taken from their clients is
+        delivered here: one round trip on every link (links are FIFO, and a peer's ack rides behind the messages
+        it sent before it).  An unsubscribe waits for this, so a message published before it, as far as the
+        broker can tell, still reaches the subscriber: what one process gives for free."""
+        fabric = self.fabric
+        if fabric is None or not fabric.up_peers():
+            callback()
+            return
+
+        def acked() -> None:
+            if self._backlog:
+                self._backlog_waiters.append(callback)
+            else:
+                callback()
+
+        fabric.broadcast_control((_SYNC,))
+        fabric.when_processed(acked)
+        self.schedule_flush()
+
+    def when_delivered(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once every message queued for other workers so far is delivered there (the barrier
+        behind a publisher's PING)."""
+        self.fabric.when_processed(callback)
+        self.schedule_flush()
 
     def on_control(self, src: int, item: tuple) -> None:
         kind = item[0]
@@ -553,6 +614,8 @@ class Hub:
             self._invalidate()
         elif kind == _COUNTERS:
             self.owned.merge(item[1])
+        elif kind == _SYNC:
+            pass  # only its acknowledgement matters (after_inflight)
         elif kind == _FIN:
             self._fins.add(src)
             if self._fins_changed is not None:
@@ -655,6 +718,7 @@ class Hub:
             "in_bytes": self.bytes_in,
             "out_msgs": self.msgs_out + sum(c.msgs_out for c in live),
             "out_bytes": self.bytes_out + sum(c.bytes_out for c in live),
+            "out_wire_bytes": self.wire_bytes_out + sum(c.flushed_total for c in live),
             "slow_consumers": self.slow_consumers,
             "backpressure_episodes": self.backpressure.episodes,
             "backpressure_released": self.backpressure.released,

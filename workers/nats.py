@@ -6,9 +6,11 @@ ways, with stale connections closed; PUB/HPUB, SUB with queue groups, UNSUB with
 verbose mode; the ``-ERR`` texts of nats-server and whether each closes the connection.
 
 Ordering: a SUB is in force locally at once; other workers learn of it asynchronously, and a PING (what a client's
-``flush()`` sends) is answered only once every earlier SUB is in force on every worker.  So after ``flush()``, a
-publish from any client reaches the new subscription.  A CONNECT with credentials holds everything after it until
-the password check (in a thread pool) is done.
+``flush()`` sends) is answered only once every earlier SUB is in force on every worker, and every message published
+before it is delivered to its subscribers' connections on every worker.  So after ``flush()``, a publish from any
+client reaches the new subscription, and a subscriber told to stop after a publisher's ``flush()`` has them all.
+An UNSUB takes effect once what the other workers already read is delivered.  A CONNECT with credentials holds
+everything after it until the password check (in a thread pool) is done.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ class NatsSession(Connection):
         self.connected = False
         self._waiting_syncs = False
         self._syncs = 0
+        self._pong_at = -1   # flushed_total when a PONG was queued: while it has not moved, the PONG is unsent
         self._pings_out = 0
         self._pinged = False
         self._last_read = time.monotonic()
@@ -107,10 +110,15 @@ class NatsSession(Connection):
         if op == codec.OP_PUB:
             self._pub(cmd[1], cmd[2], cmd[3], cmd[4])
         elif op == codec.OP_PING:
+            if self.crossed:
+                self.crossed = False
+                self._syncs += 1
+                self.hub.when_delivered(self._synced)
             if self._syncs:
                 self._hold_until_synced(cmd)
             else:
                 self.send(codec.PONG)
+                self._pong_at = self.flushed_total if self.out else -1
         elif op == codec.OP_SUB:
             self._sub(cmd[1], cmd[2], cmd[3])
         elif op == codec.OP_UNSUB:
@@ -135,9 +143,29 @@ class NatsSession(Connection):
 
     def _synced(self) -> None:
         self._syncs -= 1
+        if not self._syncs and self.corked:
+            self.corked = False
+            self.flush()
         if not self._syncs and self._waiting_syncs:
             self._waiting_syncs = False
             self.resume_held()
+
+    def flush(self) -> None:
+        """nats-server writes a PONG after processing the whole read it came in, so a client sees it only once
+        the commands read with it have taken effect.  nats-py relies on that: its ``flush()`` puts the PING
+        ahead of the SUBs and PUBs it has not written yet.  Here a SUB takes effect once the other workers know
+        it and a PUB once they delivered it, so a PONG still unsent when commands after it are unsettled waits,
+        with all output after it, until they are (``corked``; the order of bytes never changes)."""
+        if self._pong_at == self.flushed_total and (self.crossed or self._syncs) and self.out \
+                and not self.corked and not self.closed:
+            if self.crossed:
+                self.crossed = False
+                self._syncs += 1
+                self.hub.when_delivered(self._synced)
+            self.corked = True
+            self.dirty = False
+            return
+        super().flush()
 
     # -- CONNECT --------------------------------------------------------------------------------------------
     def _connect(self, raw: bytes) -> None:
@@ -178,6 +206,15 @@ class NatsSession(Connection):
             self._connected()
             return
         user, password, token = opts.get("user"), opts.get("pass"), opts.get("auth_token")
+        if user in (None, "") and password in (None, "") and token in (None, ""):
+            # No credentials at all: nats-server's no_auth_user, if configured and existing now.  Credentials
+            # that are given are always checked, and a wrong one never falls back to it.
+            fallback = self.hub.auth.no_auth_user()
+            if fallback is None:
+                self._fail(ERR_AUTH_VIOLATION)
+            else:
+                self._authenticated(fallback)
+            return
         if self.hub.auth.is_blocked(self.peer[0]):
             self._fail(ERR_AUTH_VIOLATION)
             return
@@ -203,13 +240,16 @@ class NatsSession(Connection):
             self.hub.auth_failed(self.peer[0])
             self._fail(ERR_AUTH_VIOLATION)
             return
+        self._authenticated(user)
+        self.resume_held()
+
+    def _authenticated(self, user) -> None:
         self.user = user
         if self._auth_timer is not None:
             self._auth_timer.cancel()
             self._auth_timer = None
         self.drop_forbidden_subscriptions()
         self._connected()
-        self.resume_held()
 
     def _connected(self) -> None:
         if self.verbose:
@@ -243,7 +283,7 @@ class NatsSession(Connection):
         if self.verbose:
             self.send(codec.OK)  # before the delivery, as nats-server: a publisher subscribed to it sees +OK first
         self.msgs_in += 1
-        self.bytes_in += len(payload)
+        self.bytes_in += len(payload) if headers is None else len(payload) + len(headers)
         if not hub.publish(route, KIND_RAW, payload, reply, headers, self) and reply is not None \
                 and self.no_responders:
             self._no_responders(reply, reply_b)
@@ -311,9 +351,19 @@ class NatsSession(Connection):
                 sub.max_msgs = limit
                 self.hub.subscription_changed()  # routes precompute which subscriptions have no limit
             else:
-                self.remove_subscription(sub)
+                # In force once what other workers already read is delivered (Hub.after_inflight); what comes
+                # after it on this connection (PONG, +OK) waits, so after the PONG nothing more arrives for it.
+                self._syncs += 1
+                self.hub.after_inflight(lambda: self._unsubscribed(sub))
+                if self.verbose:
+                    self._hold_until_synced((_OP_SEND, codec.OK))
+                return
         if self.verbose:
             self.send(codec.OK)
+
+    def _unsubscribed(self, sub: Subscription) -> None:
+        self.remove_subscription(sub)
+        self._synced()
 
     def remove_subscription(self, sub: Subscription) -> None:
         if self.subs.get(sub.sid) is sub:  # keyed by sid here: no need to search
@@ -326,6 +376,10 @@ class NatsSession(Connection):
         if self.headers and out.hbody:
             return out.hmsg_line(sub.sid) + out.hbody
         return out.msg_line(sub.sid) + out.body
+
+    def payload_size(self, out: codec.Outgoing) -> int:
+        """What ``frame_for`` delivers, as nats-server counts it: the header block (if sent) and the payload."""
+        return len(out.hbody) - 2 if self.headers and out.hbody else len(out.body) - 2
 
     # -- keepalive and timeouts -----------------------------------------------------------------------------
     def _ping_tick(self) -> None:

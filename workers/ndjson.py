@@ -5,9 +5,9 @@ end of the turn.  Requests that finish later (a subscription that must reach the
 check in the thread pool, an admin change) suspend the connection: the lines after it, and reading, wait until
 its reply is queued, so replies stay in request order and a request sees the effect of the ones before it.
 
-With security enabled, a connection must ``auth`` before anything but ``ping``; ``pub`` and ``sub`` are checked
-against the user's permissions, and every delivery against its subscribe permission at delivery time (the hub's
-routes ask ``may_receive``).
+With security enabled, a connection must ``auth`` before anything but ``ping`` (unless ``security.no_auth_user`` is
+set: then it starts as that user); ``pub`` and ``sub`` are checked against the user's permissions, and every
+delivery against its subscribe permission at delivery time (the hub's routes ask ``may_receive``).
 """
 
 from __future__ import annotations
@@ -49,7 +49,11 @@ class NdjsonSession(Connection):
 
     def opened(self) -> None:
         if self._secure:
-            self._auth_timer = self.hub.loop.call_later(self.hub.auth.config.auth_timeout, self._auth_timeout)
+            # security.no_auth_user: a connection starts as that user (an `auth` may still switch identity);
+            # without it (or once that user is deleted) it must authenticate within auth_timeout.
+            self.user = self.hub.auth.no_auth_user()
+            if self.user is None:
+                self._auth_timer = self.hub.loop.call_later(self.hub.auth.config.auth_timeout, self._auth_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._auth_timer is not None:
@@ -165,13 +169,27 @@ class NdjsonSession(Connection):
         topic = self._topic(req, is_valid_pattern)
         if topic is None:
             return
-        sub = self.subs.pop(topic, None)
-        if sub is not None:
-            self.hub.unsubscribe(sub)
-        self.send(codec.reply(req))
+        sub = self.subs.get(topic)
+        if sub is None:
+            self.send(codec.reply(req))
+            return
+
+        def unsubscribed() -> None:  # once what other workers already read is delivered (Hub.after_inflight)
+            if self.subs.get(topic) is sub:
+                del self.subs[topic]
+                self.hub.unsubscribe(sub)
+            self._reply_and_resume(codec.reply(req))
+
+        self.suspend()
+        self.hub.after_inflight(unsubscribed)
 
     def op_ping(self, req: dict, line: bytes) -> None:
-        self.send(codec.reply(req))
+        if self.crossed:  # the reply means: everything published before it is delivered, on every worker
+            self.crossed = False
+            self.suspend()
+            self.hub.when_delivered(lambda: self._reply_and_resume(codec.reply(req)))
+        else:
+            self.send(codec.reply(req))
 
     def op_info(self, req: dict, line: bytes) -> None:
         hub = self.hub
