@@ -50,6 +50,7 @@ class SecurityConfig:
     enabled: bool = False
     admin_user: UserConfig = field(default_factory=UserConfig)
     users: list[UserConfig] = field(default_factory=list)
+    no_auth_user: str = ""  # nats-server's: the user a client without credentials acts as (empty: refused)
     iterations: int = field(default=600_000, metadata=_meta(1000, 10_000_000))
     auth_timeout: float = field(default=10.0, metadata=_meta(0.1, 3600))
     max_auth_failures: int = field(default=5, metadata=_meta(1, 1000))
@@ -194,8 +195,11 @@ def _check(config: Config) -> None:
     problem = validate_config(sec)
     if problem:
         raise ConfigError(problem)
+    names = {u.username for _, u, _ in configured_users(sec)}
+    if sec.no_auth_user and sec.no_auth_user not in names:
+        raise ConfigError(f"security.no_auth_user: {sec.no_auth_user!r} is not a configured user (name one of "
+                          f"security.users or the security.admin_user)")
     if sec.enabled and config.bridge.enabled:
-        names = {u.username for _, u, _ in configured_users(sec)}
         if config.bridge.user not in names:
             raise ConfigError("bridge.user: Bridge clients cannot authenticate; with security on, name the "
                               "configured user whose permissions they get")

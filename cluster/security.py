@@ -36,6 +36,7 @@ class SecurityManager:
         self.settings = config.security
         warn_if_exposed(config)
         self.registry = users.from_config(config.security)
+        warn_if_open_admin(config, self.registry)
         self.dummy_hash = passwords.dummy_hash(config.security.iterations)
         self.version = 0
         self._pending: dict[int, tuple[set[int], asyncio.Future]] = {}
@@ -126,6 +127,16 @@ class SecurityManager:
         if len(self._failures) > 10_000:  # bounded memory under a spray of addresses
             self._failures = {a: t for a, t in self._failures.items() if t and now - t[-1] <= window}
             self._blocked = {a: u for a, u in self._blocked.items() if u > now}
+
+
+def warn_if_open_admin(config: Config, registry: users.Registry) -> None:
+    """``no_auth_user`` naming an administrator makes every client without credentials one: allowed (nats-server
+    allows it), but worth saying."""
+    sec = config.security
+    user = registry.get(sec.no_auth_user) if sec.enabled and sec.no_auth_user else None
+    if user is not None and user.permissions.admin:
+        log.warning("security.no_auth_user %r has the admin permission: every client that connects without "
+                    "credentials is an administrator", user.name)
 
 
 def warn_if_exposed(config: Config) -> None:

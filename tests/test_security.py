@@ -449,3 +449,154 @@ def test_brokerctl_user_commands(secure):
     assert bad.returncode == 1 and "unknown_user" in bad.stderr
     denied = run_cli("user", "-p", port, "list", env={**env, "BROKER_ADMIN_PASSWORD": "wrong"})
     assert denied.returncode == 1 and "auth_failed" in denied.stderr
+
+
+# -- security.no_auth_user (nats-server's): a client without credentials acts as that user ---------------------
+
+GUEST = {"username": "guest", "password": "guest-pw", "permissions": ["publish:public.>", "subscribe:public.>"]}
+
+
+def guest_config(**security) -> dict:
+    config = secure_config(no_auth_user="guest", **security)
+    config["security"]["users"].append(dict(GUEST))
+    return config
+
+
+def nats_raw(broker, connect: bytes | None):
+    from test_nats import NatsRaw  # here, not at the top: test_nats imports this module
+
+    return NatsRaw(broker, connect=connect)
+
+
+def test_no_auth_user_nats_connect_without_credentials(start_broker):
+    b = start_broker(workers=2, config=guest_config())
+    with nats_raw(b, b'CONNECT {"verbose":false}\r\n') as c, nats_raw(b, b"CONNECT {}\r\n") as v:
+        assert c.info["auth_required"] is True  # as nats-server: credentials are still asked for
+        assert v.line() == b"+OK\r\n"
+        c.send(b"SUB public.> 1\r\nSUB chat.room1 2\r\nPING\r\n")
+        expected = b"-ERR 'Permissions Violation for Subscription to \"chat.room1\"'\r\nPONG\r\n"
+        assert c.read_exactly(expected) == expected
+        c.send(b"PUB public.a 2\r\nhi\r\nPUB chat.room1 1\r\nx\r\nPING\r\n")
+        expected = (b"MSG public.a 1 2\r\nhi\r\n"
+                    b"-ERR 'Permissions Violation for Publish to \"chat.room1\"'\r\nPONG\r\n")
+        assert c.read_exactly(expected) == expected
+        v.send(b"PUB public.b 1\r\nv\r\n")  # from the other connection (maybe the other worker)
+        assert v.line() == b"+OK\r\n"
+        assert c.read_exactly(b"MSG public.b 1 1\r\nv\r\n") == b"MSG public.b 1 1\r\nv\r\n"
+    # Credentials that are given are checked: a wrong one is refused, never the no_auth_user.
+    for bad in (b'{"user":"chatuser","pass":"nope"}', b'{"user":"guest","pass":"nope"}', b'{"user":"chatuser"}',
+                b'{"pass":"guest-pw"}', b'{"auth_token":"nope"}'):
+        with nats_raw(b, b'CONNECT ' + bad + b'\r\nPING\r\n') as c:
+            assert c.line() == b"-ERR 'Authorization Violation'\r\n", bad
+            assert c.closed()
+    # Right credentials are another user's, not the guest's.
+    with nats_raw(b, b'CONNECT {"verbose":false,"user":"publisher1","pass":"secret1"}\r\n'
+                     b'PUB public.a 1\r\nx\r\nPUB chat.room1 1\r\ny\r\nPING\r\n') as c:
+        expected = b"-ERR 'Permissions Violation for Publish to \"public.a\"'\r\nPONG\r\n"
+        assert c.read_exactly(expected) == expected
+
+
+def test_no_auth_user_ndjson_session_starts_as_that_user(start_broker):
+    b = start_broker(workers=2, config=guest_config(auth_timeout=0.5))
+    with Raw(b.port) as c, Raw(b.port) as other:
+        assert c.request({"op": "info"})["info"]["user"] == "guest"
+        assert c.request({"op": "sub", "topic": "public.>"}) == {"ok": True}
+        assert c.request({"op": "sub", "topic": "chat.room1"}) == {"ok": False, "error": "permission_denied"}
+        assert c.request({"op": "pub", "topic": "chat.room1", "data": 1}) == {"ok": False,
+                                                                              "error": "permission_denied"}
+        assert other.request({"op": "pub", "topic": "public.x", "data": "hi"}) == {"ok": True}
+        assert c.json() == {"topic": "public.x", "data": "hi"}
+        time.sleep(0.8)  # past auth_timeout: the guest is not an unauthenticated connection
+        c.send(b'{"op":"pub","topic":"public.y","data":2}\n')
+        assert sorted([c.line(), c.line()]) == [b'{"ok":true}\n', b'{"topic":"public.y","data":2}\n']
+        # A failed auth keeps the guest identity; a successful one switches (and drops what it may not hold).
+        assert auth(c, "chatuser", "wrong") == {"ok": False, "error": "auth_failed"}
+        c.send(b'{"op":"pub","topic":"public.z","data":3}\n')
+        assert sorted([c.line(), c.line()]) == [b'{"ok":true}\n', b'{"topic":"public.z","data":3}\n']
+        assert auth(c, "chatuser", "secret3") == {"ok": True}
+        info = c.request({"op": "info"})["info"]
+        assert info["user"] == "chatuser" and info["subscriptions"] == []
+        assert c.request({"op": "pub", "topic": "chat.room1", "data": 1}) == {"ok": True}
+        assert c.request({"op": "pub", "topic": "public.a", "data": 1}) == {"ok": False, "error": "permission_denied"}
+
+
+def test_no_auth_user_deleted_at_run_time_refuses_clients_without_credentials(start_broker):
+    b = start_broker(workers=2, config=guest_config())
+    with Raw(b.port) as admin:
+        assert auth(admin, *ADMIN) == {"ok": True}
+        guests = [Raw(b.port) for _ in range(2)]  # both workers
+        natsguest = nats_raw(b, b'CONNECT {"verbose":false}\r\nPING\r\n')
+        try:
+            assert {g.request({"op": "info"})["info"]["worker"] for g in guests} == {0, 1}
+            assert natsguest.line() == b"PONG\r\n"
+            assert admin.request({"op": "admin.delete_user", "user": "guest"}) == {"ok": True}
+            for g in guests:  # as for any deleted user
+                assert g.json() == {"ok": False, "error": "user_deleted"}
+                assert g.closed()
+            assert natsguest.line() == b"-ERR 'Authorization Violation'\r\n" and natsguest.closed()
+            for _ in range(2):  # no guest any more: clients without credentials must authenticate again
+                with Raw(b.port) as c:
+                    assert c.request({"op": "pub", "topic": "public.a", "data": 1}) == {"ok": False,
+                                                                                        "error": "auth_required"}
+                with nats_raw(b, b"CONNECT {}\r\n") as c:
+                    assert c.line() == b"-ERR 'Authorization Violation'\r\n" and c.closed()
+            # The name is looked up when a client connects: a new user of that name is the guest from now on.
+            assert admin.request({"op": "admin.create_user", "user": "guest", "pass": "p2",
+                                  "permissions": ["publish:lobby"]}) == {"ok": True}
+            for _ in range(2):
+                with Raw(b.port) as c:
+                    assert c.request({"op": "pub", "topic": "lobby", "data": 1}) == {"ok": True}
+                    assert c.request({"op": "pub", "topic": "public.a", "data": 1})["error"] == "permission_denied"
+        finally:
+            natsguest.close()
+            for g in guests:
+                g.close()
+
+
+def test_no_auth_user_must_name_a_configured_user(tmp_path):
+    config = secure_config(no_auth_user="ghost")
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(config))
+    res = subprocess.run([sys.executable, "-m", "cli", "start", "--workers", "2", "--config", str(path)],
+                         cwd=REPO, capture_output=True, text=True, timeout=30)
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert "security.no_auth_user: 'ghost' is not a configured user" in lines[0]
+
+
+def test_no_auth_user_with_nats_py_without_credentials(start_broker):
+    import nats
+    from nats.errors import Error as NatsError
+
+    b = start_broker(workers=2, config=guest_config())
+    url = f"nats://127.0.0.1:{b.ports['nats']}"
+
+    async def run():
+        errors = []
+
+        async def on_error(exc):
+            errors.append(str(exc))
+
+        sub = await nats.connect(url, allow_reconnect=False, error_cb=on_error)
+        pub = await nats.connect(url, allow_reconnect=False, error_cb=on_error)
+        s = await sub.subscribe("public.>")
+        await asyncio.sleep(0)
+        await sub.flush()
+        await pub.publish("public.news", b"hello")
+        await pub.publish("chat.room1", b"not allowed")
+        await pub.flush()
+        msg = await s.next_msg(timeout=5)
+        assert (msg.subject, msg.data) == ("public.news", b"hello")
+        deadline = time.monotonic() + 5
+        while not errors and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert any("permissions violation for publish" in e.lower() for e in errors), errors
+        await sub.close()
+        await pub.close()
+        # nats-py with a wrong password is refused, not let in as the guest.
+        with pytest.raises(NatsError, match="Authorization Violation"):
+            await nats.connect(f"nats://guest:nope@127.0.0.1:{b.ports['nats']}", allow_reconnect=False,
+                               max_reconnect_attempts=0, connect_timeout=5, error_cb=on_error)
+
+    asyncio.run(run())

@@ -6,6 +6,8 @@
 - An unknown user is checked against a dummy hash of the same cost, so the reply time does not tell which users
   exist.
 - Addresses the supervisor has blocked (too many failures across all workers) are refused without a check.
+- ``security.no_auth_user`` (nats-server's): a client that presents no credentials at all acts as that user,
+  looked up in the registry each time, so a deleted user lets nobody in without credentials until it exists again.
 """
 
 from __future__ import annotations
@@ -63,6 +65,14 @@ class Authenticator:
             if user is not None:
                 return user
         return None
+
+    def no_auth_user(self) -> User | None:
+        """The user a client without credentials acts as (security on, ``no_auth_user`` set and that user in the
+        registry now), or None: such a client must authenticate.  No password check: none was given."""
+        name = self.config.no_auth_user
+        if not self.enabled or not name:
+            return None
+        return self.registry.get(name)
 
     async def hash(self, password: str) -> str:
         return await asyncio.get_running_loop().run_in_executor(
