@@ -8,6 +8,14 @@
     with BlockingClient.connect("127.0.0.1", 8080) as c:
         c.pub("chat.room1", "hello")
 
+Work queues (docs/queues.md): ``qpush``, ``qrecv``, ``qack``, ``qextend``, ``qnack``, ``qdead``, ``qstat``,
+``qpurge``, ``qredrive``, and ``consume``, which runs a handler per message and extends its lease while the handler
+runs.  The blocking client sends the same requests with ``request("qpush", queue=..., data=...)``.
+
+    async with await AsyncClient.connect("127.0.0.1", 8080) as c:
+        await c.qpush("jobs", {"n": 1})
+        await c.consume("jobs", handle)            # ack on return, nack on an exception
+
 Replies come back in request order, so a request waits on a FIFO of pending replies; deliveries, which may arrive
 between replies, go to a separate queue.  ``pub(..., wait=False)`` pipelines: the reply is consumed without
 waiting, and an error in it is raised by the next call that waits.
@@ -37,6 +45,24 @@ class Delivery(NamedTuple):
     topic: str
     data: Any
     extra: dict          # any other fields of the delivery (reply, headers, encoding)
+
+
+class QueueMessage(NamedTuple):
+    queue: str
+    id: str
+    receipt: str         # this delivery's: what ack, extend, nack and dead take
+    data: Any
+    deliveries: int
+    extra: dict          # priority, enqueued_at (ms), and for dead letters dead_reason and source
+
+
+def _queue_message(queue: str, m: dict) -> QueueMessage:
+    extra = {k: v for k, v in m.items() if k not in ("id", "receipt", "data", "deliveries")}
+    return QueueMessage(queue, m["id"], m["receipt"], m["data"], m["deliveries"], extra)
+
+
+def _given(**fields: Any) -> dict:
+    return {k: v for k, v in fields.items() if v is not None}
 
 
 def encode(op: str, **fields: Any) -> bytes:
@@ -173,6 +199,74 @@ class AsyncClient:
 
     async def info(self) -> dict:
         return (await self.request("info"))["info"]
+
+    # -- work queues ----------------------------------------------------------------------------------------
+    async def qpush(self, queue: str, data: Any, *, priority: int | None = None,
+                    delay_ms: int | None = None) -> str:
+        """Store a message; -> its id, once the broker has journaled it."""
+        reply = await self.request("qpush", queue=queue, data=data, **_given(priority=priority, delay_ms=delay_ms))
+        return reply["id"]
+
+    async def qrecv(self, queue: str, max: int = 1, *, wait_ms: int = 0, visibility_ms: int | None = None,
+                    release_on_close: bool = False) -> list[QueueMessage]:
+        """Lease up to ``max`` messages, waiting up to ``wait_ms`` for the first."""
+        fields = _given(visibility_ms=visibility_ms, release_on_close=release_on_close or None)
+        timeout = 10.0 + wait_ms / 1000
+        reply = await self.request("qrecv", timeout=timeout, queue=queue, max=max, wait_ms=wait_ms, **fields)
+        return [_queue_message(queue, m) for m in reply["messages"]]
+
+    async def qack(self, queue: str, receipt: str) -> dict:
+        return await self.request("qack", queue=queue, receipt=receipt)
+
+    async def qack_many(self, queue: str, receipts: list[str]) -> list[dict]:
+        """One result per receipt, in order: ``{"ok": true}`` or the reason it could not be acked."""
+        return (await self.request("qack", queue=queue, receipts=receipts))["results"]
+
+    async def qextend(self, queue: str, receipt: str, visibility_ms: int | None = None) -> int:
+        """Renew a lease (by its own visibility unless given); -> ms until its new deadline."""
+        reply = await self.request("qextend", queue=queue, receipt=receipt, **_given(visibility_ms=visibility_ms))
+        return reply["deadline_in_ms"]
+
+    async def qnack(self, queue: str, receipt: str, delay_ms: int = 0) -> str:
+        """Give a message back (visible again after ``delay_ms``); -> where it went: visible, delayed, dead."""
+        return (await self.request("qnack", queue=queue, receipt=receipt, delay_ms=delay_ms))["state"]
+
+    async def qdead(self, queue: str, receipt: str) -> None:
+        await self.request("qdead", queue=queue, receipt=receipt)
+
+    async def qstat(self, queue: str) -> dict:
+        return (await self.request("qstat", queue=queue))["stat"]
+
+    async def qpurge(self, queue: str) -> int:
+        return (await self.request("qpurge", queue=queue))["purged"]
+
+    async def qredrive(self, queue: str, to: str | None = None, max: int | None = None) -> int:
+        return (await self.request("qredrive", queue=queue, **_given(to=to, max=max)))["moved"]
+
+    async def consume(self, queue: str, handler, *, visibility_ms: int = 30_000, batch: int = 1,
+                      wait_ms: int = 20_000, stop: asyncio.Event | None = None) -> int:
+        """Receive and handle messages until ``stop`` is set: ``await handler(message)`` for each; its return acks
+        it, an exception nacks it (visible again at once).  While the handler runs, the lease is extended every
+        half visibility, so a slow handler keeps its message.  -> how many were acked."""
+        acked = 0
+        while stop is None or not stop.is_set():
+            for msg in await self.qrecv(queue, batch, wait_ms=wait_ms, visibility_ms=visibility_ms):
+                work = asyncio.ensure_future(handler(msg))
+                try:
+                    while not (await asyncio.wait({work}, timeout=visibility_ms / 2000))[0]:
+                        await self.qextend(queue, msg.receipt, visibility_ms)
+                    if work.exception() is None:
+                        await self.qack(queue, msg.receipt)
+                        acked += 1
+                    else:
+                        await self.qnack(queue, msg.receipt)
+                except BrokerError as exc:
+                    if exc.reason != "lease_lost":
+                        raise
+                    # the lease lapsed (say the broker was unreachable for longer than it): the message is
+                    # someone else's now, and the handler's work may be repeated: at-least-once
+                    await asyncio.wait({work})
+        return acked
 
     async def next_message(self, timeout: float | None = None) -> Delivery:
         item = await asyncio.wait_for(self._p.deliveries.get(), timeout)

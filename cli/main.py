@@ -7,10 +7,11 @@ import sys
 from typing import Any
 
 import click
-import orjson
 
-from . import secrets
-from .client import BlockingClient, BrokerError
+# Each command imports what it needs: `start` is on the broker's start-up path, and the client (asyncio), orjson
+# and the password prompts are not.  (scripts/startup_time.py measures it; see docs/performance.md.)
+from .connect import connect as _connect, connection_options as _connection_options, parse_data
+from .queue_cmd import queue
 
 
 def _count(value: str | None) -> Any:
@@ -36,13 +37,15 @@ def cli() -> None:
 @click.option("--nats-port", type=int, help="NATS port (nats.port); 0 picks a free one.")
 @click.option("--no-nats", is_flag=True, help="Do not listen for NATS clients.")
 @click.option("--bridge-port", type=int, help="Bridge port (bridge.port); setting it enables the listener.")
+@click.option("--qlite-port", type=int, help="qlite port (qlite.port); setting it enables the listener.")
 @click.option("--monitor-port", type=int, help="Monitoring HTTP port (monitoring.port); 0 picks a free one.")
 @click.option("--no-monitoring", is_flag=True, help="Do not serve the monitoring endpoints.")
 @click.option("--grace", type=float, help="Seconds a graceful stop may take (shutdown.grace_period).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), help="logging.level")
 @click.option("--event-loop", type=click.Choice(["auto", "uvloop", "asyncio"]), help="workers.event_loop")
 def start(config_path: str | None, workers: str | None, bind: str | None, port: int | None,
-          nats_port: int | None, no_nats: bool, bridge_port: int | None, monitor_port: int | None,
+          nats_port: int | None, no_nats: bool, bridge_port: int | None, qlite_port: int | None,
+          monitor_port: int | None,
           no_monitoring: bool, grace: float | None, log_level: str | None, event_loop: str | None) -> None:
     """Start the supervisor and its workers; Ctrl-C or SIGTERM stops them cleanly."""
     from cluster.config import ConfigError, load
@@ -56,6 +59,8 @@ def start(config_path: str | None, workers: str | None, bind: str | None, port: 
         "nats.enabled": False if no_nats else None,
         "bridge.port": bridge_port,
         "bridge.enabled": True if bridge_port is not None else None,
+        "qlite.port": qlite_port,
+        "qlite.enabled": True if qlite_port is not None else None,
         "monitoring.port": monitor_port,
         "monitoring.enabled": False if no_monitoring else None,
         "shutdown.grace_period": grace,
@@ -70,28 +75,6 @@ def start(config_path: str | None, workers: str | None, bind: str | None, port: 
     sys.exit(Supervisor(config).run())
 
 
-def _connection_options(fn):
-    fn = click.option("--host", default="127.0.0.1", show_default=True, help="Broker address.")(fn)
-    fn = click.option("-p", "--port", default=8080, show_default=True, help="Broker NDJSON port.")(fn)
-    fn = click.option("-u", "--user", help="Authenticate as USER (password from $BROKER_PASSWORD or a prompt).")(fn)
-    return fn
-
-
-def _connect(host: str, port: int, user: str | None = None, password_env: str = "BROKER_PASSWORD") -> BlockingClient:
-    password = secrets.from_env_or_prompt(password_env, f"password for {user}: ") if user else None
-    try:
-        client = BlockingClient.connect(host, port)
-    except OSError as exc:
-        raise click.ClickException(f"cannot connect to {host}:{port}: {exc.strerror or exc}") from None
-    if user:
-        try:
-            client.auth(user, password)
-        except BrokerError as exc:
-            client.close()
-            raise click.ClickException(f"authentication failed: {exc.reason}") from None
-    return client
-
-
 @cli.command()
 @_connection_options
 @click.option("--json", "as_json", is_flag=True, help="DATA is JSON (default: a string).")
@@ -99,13 +82,9 @@ def _connect(host: str, port: int, user: str | None = None, password_env: str = 
 @click.argument("data")
 def pub(host: str, port: int, user: str | None, as_json: bool, topic: str, data: str) -> None:
     """Publish DATA to TOPIC."""
-    if as_json:
-        try:
-            value = orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise click.BadParameter(f"not JSON: {exc}", param_hint="DATA") from None
-    else:
-        value = data
+    from .client import BrokerError
+
+    value = parse_data(data, as_json)
     with _connect(host, port, user) as client:
         try:
             client.pub(topic, value)
@@ -120,6 +99,10 @@ def pub(host: str, port: int, user: str | None, as_json: bool, topic: str, data:
 @click.argument("topics", nargs=-1, required=True)
 def sub(host: str, port: int, user: str | None, count: int | None, data_only: bool, topics: tuple[str, ...]) -> None:
     """Subscribe to TOPICS and print each delivery as a JSON line until Ctrl-C."""
+    import orjson
+
+    from .client import BrokerError
+
     with _connect(host, port, user) as client:
         try:
             for topic in topics:
@@ -150,6 +133,8 @@ def hash_password(iterations: int) -> None:
     """
     from cluster.passwords import hash_password as make_hash
 
+    from . import secrets
+
     click.echo(make_hash(secrets.new_password("password"), iterations))
 
 
@@ -169,6 +154,8 @@ def user(ctx: click.Context, host: str, port: int, admin_user: str) -> None:
 
 
 def _admin_call(ctx: click.Context, op: str, **fields):
+    from .client import BrokerError
+
     host, port, admin_user = ctx.obj
     with _connect(host, port, admin_user, password_env="BROKER_ADMIN_PASSWORD") as client:
         try:
@@ -190,6 +177,8 @@ def _permissions_of(ctx: click.Context, name: str) -> list[str]:
 @click.pass_context
 def user_add(ctx: click.Context, name: str, permissions: tuple[str, ...]) -> None:
     """Create user NAME with PERMISSIONS (publish:<topic>, subscribe:<topic>, admin)."""
+    from . import secrets
+
     password = secrets.new_password(f"password for {name}")
     _admin_call(ctx, "admin.create_user", user=name, permissions=list(permissions), **{"pass": password})
 
@@ -207,6 +196,8 @@ def user_delete(ctx: click.Context, name: str) -> None:
 @click.pass_context
 def user_passwd(ctx: click.Context, name: str) -> None:
     """Set a new password for NAME (its connections stay open)."""
+    from . import secrets
+
     password = secrets.new_password(f"new password for {name}")
     _admin_call(ctx, "admin.set_password", user=name, **{"pass": password})
 
@@ -302,6 +293,9 @@ def bench(scenarios: str, peers: str, protocols: str, payload: int, duration: fl
         click.echo(f"chart:   {png_path}")
     else:
         click.echo("chart:   skipped (pip install matplotlib)")
+
+
+cli.add_command(queue)
 
 
 def main() -> None:

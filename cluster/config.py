@@ -17,6 +17,8 @@ from typing import Any, Literal, Union
 
 import orjson
 
+from router.subjects import is_valid_literal
+
 
 class ConfigError(Exception):
     """One line: which key is wrong and why."""
@@ -43,6 +45,9 @@ class UserConfig:
     password_hash: str | None = None
     permissions: list[str] = field(default_factory=list)
     token: bool = False  # NATS clients authenticate with CONNECT {"auth_token": <password>}
+    # qlite's handshake (docs/qlite.md) proves bcrypt(secret ‖ challenge): the server needs the secret itself, in
+    # plaintext (<= 56 bytes), so a qlite user has this besides its password.  None: no qlite login.
+    qlite_secret: str | None = None
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,49 @@ class BridgeConfig:
 
 
 @dataclass(frozen=True)
+class QliteConfig:
+    """The qlite wire protocol (docs/qlite.md): one listener serving one work queue."""
+    enabled: bool = False
+    bind: str | None = None
+    port: int = _port(7070)  # qlite's own default, 8080, is the NDJSON port
+    queue: str = "qlite"
+    max_publishers: int = field(default=1, metadata=_meta(1, 65535))     # per worker process
+    max_subscribers: int = field(default=2, metadata=_meta(1, 65535))    # per worker process
+    max_message_size: int = field(default=9437184, metadata=_meta(1, 10 << 20))
+    io_timeout: float = field(default=3.0, metadata=_meta(0.1, 3600))
+    max_polling_time: float = field(default=10.0, metadata=_meta(0, 300))
+    max_hidden_time: int = field(default=30, metadata=_meta(1, 0xFFFFFFFF))  # seconds; clamped to 12 h at load
+
+
+QLITE_MAX_HIDDEN = 43200   # the longest lease a queue grants (12 h): qlite.max_hidden_time is clamped to it
+
+
+@dataclass(frozen=True)
+class QueueDefinition:
+    """A configured queue: it exists from the start, and these keys (when given) replace the defaults for it."""
+    name: str = ""
+    visibility_timeout: float | None = field(default=None, metadata=_meta(0, 43200))
+    max_deliveries: int | None = field(default=None, metadata=_meta(0, 1000))
+    max_message_bytes: int | None = field(default=None, metadata=_meta(1, 64 << 20))
+    max_messages: int | None = field(default=None, metadata=_meta(1, 1_000_000_000))
+    max_bytes: int | None = field(default=None, metadata=_meta(1024, 1 << 40))
+
+
+@dataclass(frozen=True)
+class QueuesConfig:
+    """Work queues (docs/queues.md): the defaults every queue gets, and where the journal lives."""
+    journal: bool = True          # false: queues live in memory only, and a worker crash loses its shard's queues
+    data_dir: str | None = None   # journal here (kept across broker restarts) instead of the runtime directory
+    fsync: Literal["everysec", "always", "no"] = "everysec"   # with data_dir; the runtime directory never syncs
+    visibility_timeout: float = field(default=30.0, metadata=_meta(0, 43200))
+    max_deliveries: int = field(default=20, metadata=_meta(0, 1000))
+    max_message_bytes: int = field(default=1 << 20, metadata=_meta(1, 64 << 20))
+    max_messages: int = field(default=1_000_000, metadata=_meta(1, 1_000_000_000))
+    max_bytes: int = field(default=256 << 20, metadata=_meta(1024, 1 << 40))
+    queues: list[QueueDefinition] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class MonitoringConfig:
     enabled: bool = True
     bind: str | None = None
@@ -139,7 +187,9 @@ class Config:
     fabric: FabricConfig = field(default_factory=FabricConfig)
     nats: NatsConfig = field(default_factory=NatsConfig)
     bridge: BridgeConfig = field(default_factory=BridgeConfig)
+    qlite: QliteConfig = field(default_factory=QliteConfig)
     monitoring: MonitoringConfig = field(default_factory=MonitoringConfig)
+    queues: QueuesConfig = field(default_factory=QueuesConfig)
     shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
@@ -177,13 +227,35 @@ def load(path: str | None = None, overrides: dict[str, Any] | None = None) -> Co
     config = _build(Config, doc, "")
     config = dataclasses.replace(config, source=os.path.abspath(path) if path else None)
     _check(config)
-    return config
+    return _with_qlite_queue(config)
+
+
+def _with_qlite_queue(config: Config) -> Config:
+    """With qlite on: ``max_hidden_time`` clamped to 12 h, and the qlite queue configured as qlite's (messages up
+    to ``max_message_size``, redelivered without end: no dead-lettering), unless ``queues.queues`` names it."""
+    ql = config.qlite
+    if not ql.enabled:
+        return config
+    if ql.max_hidden_time > QLITE_MAX_HIDDEN:
+        config = dataclasses.replace(config, qlite=dataclasses.replace(ql, max_hidden_time=QLITE_MAX_HIDDEN))
+    q = config.queues
+    if any(d.name == ql.queue for d in q.queues):
+        return config
+    own = QueueDefinition(name=ql.queue, max_message_bytes=ql.max_message_size, max_deliveries=0)
+    return dataclasses.replace(config, queues=dataclasses.replace(q, queues=[*q.queues, own]))
 
 
 def _check(config: Config) -> None:
     """Rules that span keys."""
     from .users import configured_users, validate_config  # users builds on this module
 
+    seen = set()
+    for i, q in enumerate(config.queues.queues):
+        if not is_valid_literal(q.name, config.limits.max_topic_length):
+            raise ConfigError(f"queues.queues[{i}].name: {q.name!r} is not a queue name (a subject without wildcards)")
+        if q.name in seen:
+            raise ConfigError(f"queues.queues[{i}].name: {q.name!r} is configured twice")
+        seen.add(q.name)
     sec = config.security
     if sec.enabled and not sec.admin_user.username:
         raise ConfigError("security.admin_user.username: must be set when security.enabled is true")
@@ -199,6 +271,18 @@ def _check(config: Config) -> None:
     if sec.no_auth_user and sec.no_auth_user not in names:
         raise ConfigError(f"security.no_auth_user: {sec.no_auth_user!r} is not a configured user (name one of "
                           f"security.users or the security.admin_user)")
+    for where, user, _ in configured_users(sec):
+        secret = user.qlite_secret
+        if secret is not None:
+            size = len(secret.encode())
+            if not secret or "\0" in secret:
+                raise ConfigError(f"{where}.qlite_secret: must be a non-empty string without NUL characters")
+            if size > 56:
+                raise ConfigError(f"{where}.qlite_secret: must be at most 56 bytes (UTF-8), got {size}: qlite "
+                                  f"hashes secret and challenge within bcrypt's 72 bytes, so a longer secret leaves "
+                                  f"challenge bytes out and a captured login could be replayed")
+    if config.qlite.enabled and not is_valid_literal(config.qlite.queue, config.limits.max_topic_length):
+        raise ConfigError(f"qlite.queue: {config.qlite.queue!r} is not a queue name (a subject without wildcards)")
     if sec.enabled and config.bridge.enabled:
         if config.bridge.user not in names:
             raise ConfigError("bridge.user: Bridge clients cannot authenticate; with security on, name the "
@@ -211,10 +295,18 @@ def has_plaintext_passwords(config: Config) -> bool:
     return any(u.password for _, u, _ in configured_users(config.security))
 
 
+def has_qlite_secrets(config: Config) -> bool:
+    """Whether any user has a ``qlite_secret``: plaintext the server must keep (docs/qlite.md)."""
+    from .users import configured_users
+
+    return any(u.qlite_secret for _, u, _ in configured_users(config.security))
+
+
 def without_plaintext_passwords(config: Config) -> Config:
-    """The same configuration, its plaintext passwords dropped once the registry holds their hashes."""
+    """The same configuration, its plaintext passwords dropped once the registry holds their hashes (and the
+    qlite secrets, which the registry carries)."""
     sec = config.security
-    strip = lambda u: dataclasses.replace(u, password=None)  # noqa: E731
+    strip = lambda u: dataclasses.replace(u, password=None, qlite_secret=None)  # noqa: E731
     return dataclasses.replace(config, security=dataclasses.replace(
         sec, admin_user=strip(sec.admin_user), users=[strip(u) for u in sec.users]))
 

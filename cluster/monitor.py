@@ -11,14 +11,29 @@ from __future__ import annotations
 import os
 import time
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psutil
 
 from .httpd import HttpServer
 
 if TYPE_CHECKING:
-    from .supervisor import Supervisor
+    from .config import Config
+
+
+class Cluster(Protocol):
+    """What the endpoints read from the supervisor (cluster.supervisor.Supervisor), named here rather than
+    imported: the supervisor imports this module."""
+
+    config: "Config"
+    nworkers: int
+    listeners: list[Any]  # acceptor.Listener
+    started: float
+    server_id: str
+
+    def server_info(self) -> dict: ...
+
+    async def query(self, message: dict, timeout: float = 2.0) -> list[dict]: ...
 
 
 def _iso(ts: float) -> str:
@@ -34,7 +49,7 @@ def _uptime(seconds: float) -> str:
 
 
 class Monitor:
-    def __init__(self, supervisor: "Supervisor") -> None:
+    def __init__(self, supervisor: Cluster) -> None:
         self.sup = supervisor
         self._http = HttpServer(self._route)
         self.address: tuple[str, int] = ("", 0)
@@ -54,14 +69,14 @@ class Monitor:
     async def _route(self, path: str, query: dict[str, str]) -> tuple[int, object]:
         handler = {
             "/": self._index, "/healthz": self._healthz, "/varz": self._varz, "/connz": self._connz,
-            "/subsz": self._subsz, "/topicz": self._topicz,
+            "/subsz": self._subsz, "/topicz": self._topicz, "/queuez": self._queuez,
         }.get(path.rstrip("/") or "/")
         if handler is None:
             return 404, {"error": f"no such endpoint: {path}"}
         return await handler(query)
 
     async def _index(self, query: dict) -> tuple[int, object]:
-        return 200, {"endpoints": ["/healthz", "/varz", "/connz", "/subsz", "/topicz"]}
+        return 200, {"endpoints": ["/healthz", "/varz", "/connz", "/subsz", "/topicz", "/queuez"]}
 
     async def _healthz(self, query: dict) -> tuple[int, object]:
         replies = await self.sup.query({"k": "stats"}, timeout=2.0)
@@ -183,3 +198,9 @@ class Monitor:
                 rows.append({**row, "owner": r["worker"]})
         rows.sort(key=lambda row: row["msgs"], reverse=True)
         return 200, {"subjects": rows[:limit]}
+
+    async def _queuez(self, query: dict) -> tuple[int, object]:
+        """Every work queue, as its owner counts it (exact): ``?queue=`` for one."""
+        replies = await self.sup.query({"k": "stats", "what": "queues", "queue": query.get("queue")})
+        rows = sorted((row for r in replies for row in r.get("queues", [])), key=lambda row: row["queue"])
+        return 200, {"queues": rows, "total": len(rows)}

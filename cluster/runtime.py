@@ -12,9 +12,6 @@ import glob
 import logging
 import os
 import shutil
-import tempfile
-
-import psutil
 
 log = logging.getLogger("broker.runtime")
 
@@ -23,11 +20,15 @@ _OWNER = "owner.pid"
 
 
 def default_parent() -> str:
+    import tempfile  # here and in create: workers import this module for remove() alone
+
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     return xdg if xdg and os.path.isdir(xdg) and os.access(xdg, os.W_OK) else tempfile.gettempdir()
 
 
 def create(parent: str | None) -> str:
+    import tempfile
+
     parent = parent or default_parent()
     sweep(parent)
     path = tempfile.mkdtemp(prefix=PREFIX, dir=parent)
@@ -52,6 +53,12 @@ def sweep(parent: str) -> None:
                 pid = int(fh.read().strip() or 0)
         except (OSError, ValueError):
             continue
-        if pid and not psutil.pid_exists(pid):
+        if pid and not _pid_exists(pid):
             log.info("removing stale runtime directory %s (owner pid %d is gone)", path, pid)
             remove(path)
+
+
+def _pid_exists(pid: int) -> bool:
+    import psutil  # here, not at the top: workers import this module too, and only the supervisor sweeps
+
+    return psutil.pid_exists(pid)

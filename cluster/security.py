@@ -7,6 +7,9 @@
   of them): past ``failures_per_address`` within ``failure_window`` the address is blocked on every worker for
   ``block_duration``.
 - SIGHUP re-reads the configuration file's users (runtime changes are dropped: users are not persisted).
+- At start, the configured plaintext passwords are hashed on threads while the workers boot (hashlib releases the
+  GIL); the workers start with an empty registry and get the configured users, as one change they acknowledge,
+  before the supervisor lets any client in.
 """
 
 from __future__ import annotations
@@ -17,13 +20,21 @@ import logging
 import os
 import stat
 import time
-from typing import TYPE_CHECKING
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Protocol
 
 from . import passwords, users
-from .config import Config, ConfigError, has_plaintext_passwords, load
+from .config import Config, ConfigError, has_plaintext_passwords, has_qlite_secrets, load
 
-if TYPE_CHECKING:
-    from .supervisor import Supervisor, WorkerSlot
+
+class Cluster(Protocol):
+    """What security needs of the supervisor (cluster.supervisor.Supervisor), named here rather than imported:
+    the supervisor imports this module."""
+
+    config: Config
+
+    def live_slots(self) -> list[Any]: ...  # WorkerSlots: .index, .channel
+
 
 log = logging.getLogger("broker.security")
 
@@ -31,12 +42,16 @@ _ACK_TIMEOUT = 10.0
 
 
 class SecurityManager:
-    def __init__(self, supervisor: "Supervisor", config: Config) -> None:
+    def __init__(self, supervisor: Cluster, config: Config) -> None:
         self.sup = supervisor
         self.settings = config.security
         warn_if_exposed(config)
-        self.registry = users.from_config(config.security)
-        warn_if_open_admin(config, self.registry)
+        self.registry = users.Registry()  # the configured users join it in load_configured_users
+        # Hashing a configured password costs ~0.2 s at the default iterations: it runs on threads while the
+        # workers start, instead of before them.
+        hashing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hash-config")
+        self._configured: Future[users.Registry] = hashing.submit(users.from_config, config.security)
+        hashing.shutdown(wait=False)
         self.dummy_hash = passwords.dummy_hash(config.security.iterations)
         self.version = 0
         self._pending: dict[int, tuple[set[int], asyncio.Future]] = {}
@@ -47,8 +62,16 @@ class SecurityManager:
         """What a new worker starts with: the registry as it is now, and the dummy hash."""
         return self.registry.snapshot(), self.dummy_hash
 
+    async def load_configured_users(self) -> None:
+        """Once the configured passwords are hashed: the configured users, here and on every live worker (the
+        supervisor waits for this before it accepts clients)."""
+        registry = await asyncio.wrap_future(self._configured)
+        warn_if_open_admin(self.sup.config, registry)
+        if registry.users:
+            await self.apply({"op": "replace", "users": registry.snapshot()})
+
     # -- changes --------------------------------------------------------------------------------------------
-    async def admin(self, slot: "WorkerSlot", msg: dict) -> None:
+    async def admin(self, slot: Any, msg: dict) -> None:
         change = msg.get("change") or {}
         error = self.registry.check(change)
         if error is None:
@@ -76,7 +99,7 @@ class SecurityManager:
         finally:
             self._pending.pop(version, None)
 
-    def acknowledged(self, slot: "WorkerSlot", version: int) -> None:
+    def acknowledged(self, slot: Any, version: int) -> None:
         pending = self._pending.get(version)
         if pending is not None:
             self._settle(pending, slot.index)
@@ -140,14 +163,21 @@ def warn_if_open_admin(config: Config, registry: users.Registry) -> None:
 
 
 def warn_if_exposed(config: Config) -> None:
-    """Plaintext passwords in a file others can read deserve a warning that says how to fix it."""
-    if config.source is None or not has_plaintext_passwords(config):
+    """Plaintext passwords or qlite secrets in a file others can read deserve a warning that says how to fix it."""
+    passwords, secrets = has_plaintext_passwords(config), has_qlite_secrets(config)
+    if config.source is None or not (passwords or secrets):
         return
     try:
         mode = stat.S_IMODE(os.stat(config.source).st_mode)
     except OSError:
         return
-    if mode & 0o077:
+    if not mode & 0o077:
+        return
+    who = "others" if mode & 0o007 else "its group"
+    if passwords:
         log.warning("%s holds plaintext passwords and is readable by %s (mode %04o): restrict it with "
                     "'chmod 600 %s', or replace each password with a password_hash from 'brokerctl hash-password'",
-                    config.source, "others" if mode & 0o007 else "its group", mode, config.source)
+                    config.source, who, mode, config.source)
+    if secrets:  # no hash can stand in for a qlite secret: the handshake needs the secret itself
+        log.warning("%s holds qlite secrets and is readable by %s (mode %04o): restrict it with 'chmod 600 %s'",
+                    config.source, who, mode, config.source)

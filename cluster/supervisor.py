@@ -14,22 +14,28 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-import multiprocessing
 import os
 import resource
 import signal
 import time
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import control, runtime, systemd
 from .acceptor import Acceptor, Listener, bind
 from .config import Config, without_plaintext_passwords
+from .launch import WorkerProcess
 from .logs import setup_logging
-from . import VERSION
-from .monitor import Monitor
 from .security import SecurityManager
+
+if TYPE_CHECKING:
+    from .monitor import Monitor
+
+# Start-up (docs/performance.md, scripts/startup_time.py): the workers' interpreters are started all at once,
+# without importing any of their modules here; what the supervisor needs only once they are up (monitoring, the
+# package version) is imported while they import theirs, and the configured passwords are hashed on threads
+# meanwhile.
 
 log = logging.getLogger("broker.supervisor")
 
@@ -74,13 +80,14 @@ class Supervisor:
         self._booted: asyncio.Event | None = None
         self._requests: dict[int, tuple[asyncio.Future, dict]] = {}
         self._next_req = 0
-        self._mp = multiprocessing.get_context("spawn")
+        self._version = ""
 
     # -- entry ----------------------------------------------------------------------------------------------
     def run(self) -> int:
         setup_logging(self.config.logging.level, "supervisor")
         _raise_open_files_limit()
-        # Hash the configured passwords, then forget the plaintext: workers are spawned with the stripped config.
+        # Hash the configured passwords (on threads, while everything else starts), then forget the plaintext:
+        # workers are spawned with the stripped config, and get the hashes before the broker is ready.
         self.security = SecurityManager(self, self.config)
         self.config = without_plaintext_passwords(self.config)
         try:
@@ -105,6 +112,10 @@ class Supervisor:
                            b"-ERR 'maximum connections exceeded'\r\n"))
         if cfg.bridge.enabled:
             wanted.append(("bridge", cfg.bind_for(cfg.bridge.bind), cfg.bridge.port, b"F"))
+        if cfg.qlite.enabled:
+            from workers.workqueues.qlite_codec import REFUSAL   # a small codec: nothing of the workers comes with it
+
+            wanted.append(("qlite", cfg.bind_for(cfg.qlite.bind), cfg.qlite.port, REFUSAL))
         listeners = []
         for proto, host, port, refusal in wanted:
             try:
@@ -122,7 +133,15 @@ class Supervisor:
             loop.add_signal_handler(sig, self._signals.put_nowait, sig)
         self._booted = asyncio.Event()
         for i in range(self.nworkers):
-            self._spawn(i)
+            self._spawn(i, send_args=False)
+        # The workers read their arguments once their own imports are done, which takes longer than this one.
+        from . import VERSION
+
+        self._version = VERSION
+        for slot in self.slots:
+            self._send_args(slot)
+        if self.config.monitoring.enabled:  # while the workers boot: needed only once they are up
+            from .monitor import Monitor
         if await self._wait_for_boot():
             self.acceptor = Acceptor(self.listeners, self._handoff, self._at_capacity)
             self.acceptor.start()
@@ -135,26 +154,36 @@ class Supervisor:
                     sig = await asyncio.wait_for(self._signals.get(), 1.0)
                 except TimeoutError:
                     sig = None
-                if sig is not None:
+                if sig:  # 0 only wakes the loop
                     getattr(self, f"handle_{signal.Signals(sig).name[3:].lower()}")()
                 self._murder_unresponsive()
         await self._shutdown()
         return self._exit_code
 
     async def _wait_for_boot(self) -> bool:
+        """Until every worker has joined the fabric and holds the configured users (whose passwords are hashed
+        meanwhile): only then may a client connect, and a login right after the ready line succeed."""
         deadline = time.monotonic() + self.config.workers.boot_timeout + 5
-        while not self._booted.is_set() and self._stop is None:
-            if time.monotonic() > deadline:
-                slow = [s.index for s in self.slots if s and s.state != "ready"]
-                self._halt(f"worker(s) {slow} did not boot within {self.config.workers.boot_timeout:g}s",
-                           EXIT_BOOT_FAILED)
-                break
-            try:
-                sig = await asyncio.wait_for(self._signals.get(), 0.1)
-            except TimeoutError:
-                continue
-            if sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
-                self._stop = "fast"
+        users = asyncio.ensure_future(self.security.load_configured_users())
+        users.add_done_callback(lambda _: self._signals.put_nowait(0))  # wake the wait below
+        try:
+            while not (self._booted.is_set() and users.done()) and self._stop is None:
+                if time.monotonic() > deadline and not self._booted.is_set():
+                    slow = [s.index for s in self.slots if s and s.state != "ready"]
+                    self._halt(f"worker(s) {slow} did not boot within {self.config.workers.boot_timeout:g}s",
+                               EXIT_BOOT_FAILED)
+                    break
+                try:
+                    sig = await asyncio.wait_for(self._signals.get(), 1.0)
+                except TimeoutError:
+                    continue
+                if sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+                    self._stop = "fast"
+        finally:
+            if not users.done():
+                users.cancel()
+        if users.done() and not users.cancelled() and users.exception() is not None:
+            self._halt(f"cannot load the configured users: {users.exception()}", EXIT_FAILED)
         return self._booted.is_set() and self._stop is None
 
     def _announce_ready(self) -> None:
@@ -191,21 +220,24 @@ class Supervisor:
             self._signals.put_nowait(0)  # wake the main loop
 
     # -- workers --------------------------------------------------------------------------------------------
-    def _spawn(self, index: int) -> None:
-        from workers.process import main as worker_main
-
+    def _spawn(self, index: int, send_args: bool = True) -> None:
+        """Start worker ``index`` (workers.entry, in a fresh interpreter); it reports ``ready`` once it has
+        joined the fabric.  Returns at once: all the workers boot at the same time."""
         self._epoch += 1
-        parent_sock, child_sock = control.socketpair()
-        proc = self._mp.Process(
-            target=worker_main, name=f"broker-worker-{index}", daemon=True,
-            args=(index, self._epoch, self.nworkers, self.config, self.runtime_dir, child_sock,
-                  self.security.worker_state(), self.server_info()))
-        proc.start()
-        child_sock.close()
+        loop = asyncio.get_running_loop()
+        proc = WorkerProcess(index)
         slot = WorkerSlot(index, self._epoch, proc, pid=proc.pid)
-        slot.channel = control.Channel(parent_sock, partial(self._on_worker_message, slot), lambda: None)
+        slot.channel = control.Channel(proc.ctl_sock, partial(self._on_worker_message, slot), lambda: None)
         self.slots[index] = slot
-        asyncio.get_running_loop().add_reader(proc.sentinel, self._on_worker_exit, slot)
+        loop.add_reader(proc.sentinel, self._on_worker_exit, slot)
+        if send_args:
+            self._send_args(slot)
+
+    def _send_args(self, slot: WorkerSlot) -> None:
+        loop = asyncio.get_running_loop()
+        slot.process.send_args((slot.index, slot.epoch, self.nworkers, self.config, self.runtime_dir,
+                                self.security.worker_state(), self.server_info()), loop.add_writer,
+                               loop.remove_writer)
 
     def server_info(self) -> dict:
         """What NATS clients are told in INFO (each worker adds the client's own fields)."""
@@ -220,7 +252,7 @@ class Supervisor:
             "port": port,
             "headers": True,
             "max_payload": self.config.nats.max_payload,
-            "broker": f"shardbroker {VERSION}",
+            "broker": f"shardbroker {self._version}",
         }
 
     def _on_worker_message(self, slot: WorkerSlot, msg: dict, fds: list[int]) -> None:
@@ -237,6 +269,7 @@ class Supervisor:
                 log.info("worker %d is back (pid %d)", slot.index, slot.pid)
             elif all(s is not None and s.state == "ready" for s in self.slots):
                 self._booted.set()
+                self._signals.put_nowait(0)  # wake _wait_for_boot now
         elif kind == "boot_error":
             slot.boot_error = str(msg.get("error"))
         elif kind == "reply":

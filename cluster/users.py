@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import passwords
 from .config import SecurityConfig, UserConfig
@@ -33,10 +33,15 @@ class User:
     permissions: Permissions
     builtin: bool = False   # the configuration's admin_user: cannot be deleted nor lose admin at run time
     token: bool = False     # NATS clients may present its password as CONNECT auth_token
+    # The configuration's, in plaintext: qlite's handshake needs it (docs/qlite.md).  Never in a repr or a log.
+    qlite_secret: str | None = field(default=None, repr=False)
 
     def entry(self) -> dict:
-        return {"user": self.name, "hash": self.password_hash, "permissions": self.permissions.strings,
-                "builtin": self.builtin, "token": self.token}
+        entry = {"user": self.name, "hash": self.password_hash, "permissions": self.permissions.strings,
+                 "builtin": self.builtin, "token": self.token}
+        if self.qlite_secret is not None:
+            entry["qlite_secret"] = self.qlite_secret
+        return entry
 
 
 def valid_name(name: object) -> bool:
@@ -101,7 +106,7 @@ class Registry:
 
 def _user(entry: dict) -> User:
     return User(entry["user"], entry["hash"], Permissions(entry["permissions"]), entry.get("builtin", False),
-                entry.get("token", False))
+                entry.get("token", False), entry.get("qlite_secret"))
 
 
 def configured_users(security: SecurityConfig) -> list[tuple[str, UserConfig, bool]]:
@@ -120,7 +125,7 @@ def from_config(security: SecurityConfig) -> Registry:
         hashes = list(pool.map(
             lambda e: e[1].password_hash or passwords.hash_password(e[1].password or "", security.iterations),
             entries))
-    return Registry([User(u.username, h, Permissions(u.permissions), builtin, u.token)
+    return Registry([User(u.username, h, Permissions(u.permissions), builtin, u.token, u.qlite_secret)
                      for (_, u, builtin), h in zip(entries, hashes)])
 
 

@@ -167,7 +167,9 @@ class Fabric:
             if not link.up:
                 self.control(link.peer, (HELLO,))
         self.handler.schedule_flush()
-        self._hello_timer = self._loop.call_later(0.05, self._send_hellos)
+        # The first hello is usually lost (a SUB connects asynchronously: ZeroMQ's slow joiner); retry soon, it
+        # is what a start waits for
+        self._hello_timer = self._loop.call_later(0.01, self._send_hellos)
 
     # -- sending --------------------------------------------------------------------------------------------
     def send(self, dst: int, message: tuple) -> None:

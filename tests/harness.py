@@ -95,11 +95,11 @@ class Broker:
         return out
 
     def worker_pids(self) -> list[int]:
-        """Live worker processes (not multiprocessing's resource tracker, which the spawn method starts)."""
+        """Live worker processes (their command line says ``broker-worker <index>``: cluster/launch.py)."""
         out = []
         for p in self.group():
             try:
-                if "spawn_main" in " ".join(p.cmdline()):
+                if "broker-worker" in p.cmdline():
                     out.append(p.pid)
             except psutil.Error:
                 pass

@@ -126,6 +126,37 @@ def test_supervisor_sigkill_takes_the_workers_down(start_broker):
     assert not wait_gone(lambda: os.path.exists(rundir), 5), "runtime directory left behind"
 
 
+def test_supervisor_sigkill_closes_connections_like_a_killed_server(start_broker):
+    """A SIGKILLed nats-server's sockets are closed by the kernel with a FIN: clients read EOF and reconnect
+    quietly.  Orphaned workers must do the same, not reset the connections, and still exit at once."""
+    b = start_broker(workers=2)
+    clients = []
+    for proto in ("ndjson", "nats", "nats", "ndjson"):  # both protocols on both workers
+        c = Raw(b.ports[proto])
+        if proto == "ndjson":
+            assert c.request({"op": "ping"}) == {"ok": True}
+        else:
+            assert c.line().startswith(b"INFO ")
+            c.send(b"CONNECT {\"verbose\":false}\r\nPING\r\n")
+            assert c.line() == b"PONG\r\n"
+        clients.append((proto, c))
+    try:
+        os.kill(b.proc.pid, signal.SIGKILL)
+        b.proc.wait(5)
+        for proto, c in clients:
+            c.sock.settimeout(5)
+            try:
+                rest = c.sock.recv(65536)
+            except ConnectionResetError:
+                pytest.fail(f"{proto} client: connection reset by the orphaned worker, not closed")
+            assert rest == b"", f"{proto} client read {rest!r} instead of EOF"
+        gone = wait_gone(lambda: [p for p in b.pids if pid_alive(p)], 3)
+        assert not gone, "workers outlived the supervisor"
+    finally:
+        for _, c in clients:
+            c.close()
+
+
 def test_worker_boot_failure_stops_the_supervisor(tmp_path):
     # A runtime directory too deep for an ipc:// endpoint: the workers cannot bind the fabric.
     deep = tmp_path / ("d" * 100)

@@ -398,6 +398,35 @@ def test_password_hash_in_config_and_plaintext_warning(tmp_path, start_broker):
     assert "chmod 600" in b.log()
 
 
+def test_configured_passwords_work_as_soon_as_the_broker_is_ready(start_broker):
+    """Plaintext passwords of the configuration are hashed while the workers start, no longer before them: the
+    ready line must still come only once every worker can check them.  At the real iteration count (hashing one
+    takes ~0.2 s) and with enough users that hashing them all takes longer than the workers take to boot:
+    logins on both workers and both protocols, sent right after the ready line."""
+    config = secure_config(iterations=600_000)
+    config["security"]["users"] += [{"username": f"filler{i}", "password": f"pw{i}", "permissions": []}
+                                    for i in range(10)]
+    b = start_broker(workers=2, config=config)
+    ndjson = [Raw(b.port) for _ in range(2)]
+    nats = [Raw(b.ports["nats"]) for _ in range(2)]
+    try:
+        for c in ndjson:
+            c.send(b'{"op":"auth","user":"chatuser","pass":"secret3"}\n')
+        for c in nats:
+            assert c.line().startswith(b"INFO ")
+            c.send(b'CONNECT {"verbose":false,"user":"publisher1","pass":"secret1"}\r\nPING\r\n')
+        for c in ndjson:
+            assert c.json(timeout=30) == {"ok": True}
+        for c in nats:
+            assert c.line(timeout=30) == b"PONG\r\n"
+        assert {c.request({"op": "info"})["info"]["worker"] for c in ndjson} == {0, 1}
+        assert auth(ndjson[0], "admin", "strong-admin-password") == {"ok": True}
+        assert ndjson[0].request({"op": "admin.list_users"})["ok"] is True
+    finally:
+        for c in ndjson + nats:
+            c.close()
+
+
 def test_sighup_rereads_users(tmp_path, start_broker):
     b = start_broker(workers=2, config=secure_config())
     path = next(tmp_path.glob("config-*.json"))

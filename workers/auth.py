@@ -26,7 +26,7 @@ from cluster.users import Registry, User
 HASH_NICENESS = 10  # added to the worker's own
 
 
-def _yield_to_the_loop() -> None:
+def yield_to_the_loop() -> None:
     """Hashing threads run at a lower priority than the event loop: hashlib releases the GIL, but the threads
     still compete for the CPU, and at equal priority a storm of logins delays deliveries by the scheduler's
     time slices (milliseconds).  Linux applies a thread id's priority to that thread alone."""
@@ -44,7 +44,7 @@ class Authenticator:
         self.registry = Registry.from_snapshot(snapshot)
         self._dummy = dummy_hash
         self._pool = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="auth",
-                                        initializer=_yield_to_the_loop)
+                                        initializer=yield_to_the_loop)
         self._blocked: dict[str, float] = {}
 
     async def verify(self, name: str, password: str) -> User | None:

@@ -40,6 +40,7 @@ _LINGER_RESET = struct.pack("ii", 1, 0)
 _SIOCOUTQ = termios.TIOCOUTQ if termios is not None and sys.platform.startswith("linux") else None
 TURN_BUDGET = 20_000  # publishes and deliveries one event-loop turn may make before leaving the rest to the next
 LINGER = 2.0  # seconds a closing connection waits for the client's own close once its output has drained
+_HELD_MAX = 1024  # items read while a request is pending (see suspend) before reading pauses
 
 
 class Connection(asyncio.Protocol):
@@ -68,7 +69,7 @@ class Connection(asyncio.Protocol):
         self.started = time.time()
         self._paused = 0
         # Published to another worker since the last ping: the ping's reply waits until those messages are
-        # delivered there (Hub.when_delivered), so a reply to a ping means "delivered", as in one process.
+        # delivered there (Hub.after_inflight), so a reply to a ping means "delivered", as in one process.
         self.crossed = False
         self.corked = False   # output waits (NatsSession: a PONG waits for the commands read with it to settle)
         # Messages published and delivered, and their payload bytes (headers included for HPUB/HMSG), as
@@ -117,6 +118,8 @@ class Connection(asyncio.Protocol):
     def process(self, items: list) -> None:
         if self._held is not None:
             self._held.extend(items)
+            if len(self._held) >= _HELD_MAX:
+                self.pause(PAUSE_SYNC)  # a suspension that keeps reading holds only so much
             return
         self._run(items)
         if self.hub.holding and not self.closed:
@@ -145,10 +148,13 @@ class Connection(asyncio.Protocol):
                         hub.loop.call_soon(self.resume_held)
                 return
 
-    def suspend(self, items: list | None = None) -> None:
-        """Hold ``items`` and everything after the current item until ``resume_held``."""
+    def suspend(self, items: list | None = None, keep_reading: bool = False) -> None:
+        """Hold ``items`` and everything after the current item until ``resume_held``.  ``keep_reading`` (a long
+        poll, which may wait minutes): later input is held but still read, up to ``_HELD_MAX`` items, so that a
+        client that goes away is noticed (its waits are cancelled) instead of holding a place in a queue."""
         self._held = list(items or ())
-        self.pause(PAUSE_SYNC)
+        if not keep_reading:
+            self.pause(PAUSE_SYNC)
 
     def resume_held(self) -> None:
         self._yielded = False

@@ -44,12 +44,14 @@ from .message import as_bytes
 from .nats_codec import Outgoing, msg_tail
 from .queues import QueueTable
 from .shardstate import SubjectTable
+from .workqueues.service import CONTROL_KINDS as _QUEUE_KINDS
 
 if TYPE_CHECKING:
     from cluster.config import Config
 
     from .auth import Authenticator
     from .connection import Connection
+    from .workqueues.service import QueueService
 
 log = logging.getLogger("broker.hub")
 
@@ -136,6 +138,7 @@ class Hub:
         self.supervisor_request: Callable[[dict], Awaitable[dict]] = _no_supervisor
         self.auth_failed: Callable[[str], None] = lambda address: None
         self.server_info: dict = {}   # what NATS clients are told in INFO, from the supervisor
+        self.queue_service: "QueueService | None" = None   # work queues (set by the worker process)
 
         self.local = Sublist()
         self._local_refs: dict[str, int] = {}
@@ -188,6 +191,8 @@ class Hub:
         conn.subs.clear()
         self.held.discard(conn)
         self.backpressure.drained(conn)
+        if self.queue_service is not None:
+            self.queue_service.connection_closed(conn.cid)
         self.msgs_out += conn.msgs_out
         self.bytes_out += conn.bytes_out
         self.wire_bytes_out += conn.flushed_total
@@ -532,6 +537,8 @@ class Hub:
     def _flush(self) -> None:
         self._flush_scheduled = False
         self.turn_work = 0
+        if self.queue_service is not None:
+            self.queue_service.commit()  # journal this turn's queue changes before any reply to them leaves
         if self.batch is not None:
             self.end_batch()
         if self.fabric is not None:
@@ -560,10 +567,11 @@ class Hub:
             fabric.finish(src, token)
 
     def after_inflight(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` once every message the other workers had already taken from their clients is
-        delivered here: one round trip on every link (links are FIFO, and a peer's ack rides behind the messages
-        it sent before it).  An unsubscribe waits for this, so a message published before it, as far as the
-        broker can tell, still reaches the subscriber: what one process gives for free."""
+        """Call ``callback`` once every message queued here for other workers is delivered there, and every
+        message the other workers had already taken from their clients is delivered here: one round trip on every
+        link (links are FIFO, a peer acknowledges a frame once its messages are delivered, and its ack rides
+        behind the messages it sent before it).  Pings and unsubscribes wait for this, so that "published before"
+        means "delivered", as one process gives for free."""
         fabric = self.fabric
         if fabric is None or not fabric.up_peers():
             callback()
@@ -577,12 +585,6 @@ class Hub:
 
         fabric.broadcast_control((_SYNC,))
         fabric.when_processed(acked)
-        self.schedule_flush()
-
-    def when_delivered(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` once every message queued for other workers so far is delivered there (the barrier
-        behind a publisher's PING)."""
-        self.fabric.when_processed(callback)
         self.schedule_flush()
 
     def on_control(self, src: int, item: tuple) -> None:
@@ -616,6 +618,8 @@ class Hub:
             self.owned.merge(item[1])
         elif kind == _SYNC:
             pass  # only its acknowledgement matters (after_inflight)
+        elif kind in _QUEUE_KINDS and self.queue_service is not None:
+            self.queue_service.on_control(src, item)
         elif kind == _FIN:
             self._fins.add(src)
             if self._fins_changed is not None:
@@ -626,9 +630,13 @@ class Hub:
     def on_peer_hello(self, src: int) -> None:
         self.fabric.control(src, (_INTEREST_SNAPSHOT, list(self._local_refs)))
         self.fabric.control(src, (_QUEUE_SNAPSHOT, self.queues.snapshot()))
+        if self.queue_service is not None:
+            self.queue_service.peer_ready(src)
 
     def on_peer_reset(self, src: int) -> None:
         self._drop_peer_interest(src)
+        if self.queue_service is not None:
+            self.queue_service.peer_reset(src)
         if self._fins_changed is not None:
             self._fins_changed.set()  # a dead peer will send no fin: stop waiting for it
 
@@ -702,6 +710,8 @@ class Hub:
                 self.fabric.control(owner, (_COUNTERS, items))
         if self.fabric is not None:
             self.fabric.tick()
+        if self.queue_service is not None:
+            self.queue_service.tick()
 
     def stats(self) -> dict:
         live = self.conns.values()

@@ -27,6 +27,7 @@ from . import nats_codec as codec
 from .connection import Connection
 from .hub import Hub, Subscription
 from .message import KIND_RAW
+from .workqueues import nats_ops as queue_ops
 
 log = logging.getLogger("broker.nats")
 
@@ -110,15 +111,13 @@ class NatsSession(Connection):
         if op == codec.OP_PUB:
             self._pub(cmd[1], cmd[2], cmd[3], cmd[4])
         elif op == codec.OP_PING:
-            if self.crossed:
+            if self.crossed or self.subs:
+                # A publisher's PONG: what it published is delivered.  A subscriber's: what the other workers had
+                # already read for it is delivered (nats-py's drain() trusts that PONG to have flushed them).
                 self.crossed = False
                 self._syncs += 1
-                self.hub.when_delivered(self._synced)
-            if self._syncs:
-                self._hold_until_synced(cmd)
-            else:
-                self.send(codec.PONG)
-                self._pong_at = self.flushed_total if self.out else -1
+                self.hub.after_inflight(self._synced)
+            self._reply(codec.PONG)
         elif op == codec.OP_SUB:
             self._sub(cmd[1], cmd[2], cmd[3])
         elif op == codec.OP_UNSUB:
@@ -128,15 +127,22 @@ class NatsSession(Connection):
         elif op == codec.OP_CONNECT:
             self._connect(cmd[1])
         elif op == _OP_SEND:
-            if self._syncs:
-                self._hold_until_synced(cmd)
-            else:
-                self.send(cmd[1])
+            self._reply(cmd[1])
         elif op == codec.OP_ERR:
             self._fail(cmd[1])
         # OP_INFO from a client carries nothing we use
 
     # -- holding: replies wait for subscriptions, everything waits for a password check ---------------------
+    def _reply(self, data: bytes) -> None:
+        """Send ``data`` once every sync point before it is reached (a held reply waits as itself, so that a
+        PING's barrier is made once)."""
+        if self._syncs:
+            self._hold_until_synced((_OP_SEND, data))
+            return
+        self.send(data)
+        if data is codec.PONG:
+            self._pong_at = self.flushed_total if self.out else -1
+
     def _hold_until_synced(self, cmd: tuple) -> None:
         self.suspend([cmd])
         self._waiting_syncs = True
@@ -158,12 +164,12 @@ class NatsSession(Connection):
         with all output after it, until they are (``corked``; the order of bytes never changes)."""
         if self._pong_at == self.flushed_total and (self.crossed or self._syncs) and self.out \
                 and not self.corked and not self.closed:
+            self.corked = True   # first: with no other worker, after_inflight calls back at once
+            self.dirty = False
             if self.crossed:
                 self.crossed = False
                 self._syncs += 1
-                self.hub.when_delivered(self._synced)
-            self.corked = True
-            self.dirty = False
+                self.hub.after_inflight(self._synced)
             return
         super().flush()
 
@@ -263,6 +269,12 @@ class NatsSession(Connection):
         hub = self.hub
         route = hub.routes_b.get(subject_b)
         if route is None:
+            if subject_b[:3] == queue_ops.PREFIX:  # work queues (never a cached route: costs nothing above)
+                if headers is not None and not self.headers:
+                    self._fail(None)
+                    return
+                queue_ops.handle(self, subject_b, reply_b, headers, payload)
+                return
             route = self._new_route(subject_b)
             if route is None:
                 return

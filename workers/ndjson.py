@@ -24,6 +24,7 @@ from . import ndjson_codec as codec
 from .connection import Connection
 from .hub import Hub, Subscription
 from .message import KIND_JSON
+from .workqueues.ndjson_ops import OPS as QUEUE_OPS
 
 log = logging.getLogger("broker.ndjson")
 
@@ -184,10 +185,12 @@ class NdjsonSession(Connection):
         self.hub.after_inflight(unsubscribed)
 
     def op_ping(self, req: dict, line: bytes) -> None:
-        if self.crossed:  # the reply means: everything published before it is delivered, on every worker
+        if self.crossed or self.subs:
+            # The reply means: what this connection published before it is delivered, and so is what the other
+            # workers had already read for its subscriptions (one round trip between workers; none if neither).
             self.crossed = False
             self.suspend()
-            self.hub.when_delivered(lambda: self._reply_and_resume(codec.reply(req)))
+            self.hub.after_inflight(lambda: self._reply_and_resume(codec.reply(req)))
         else:
             self.send(codec.reply(req))
 
@@ -278,4 +281,5 @@ _OPS = {
     "ping": NdjsonSession.op_ping,
     "auth": NdjsonSession.op_auth,
     "info": NdjsonSession.op_info,
+    **QUEUE_OPS,   # qpush, qrecv, qack, ... (workers/workqueues)
 }

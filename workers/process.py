@@ -1,7 +1,7 @@
 """A worker process: one event loop, its share of the connections, its shard of the subjects.
 
-Started by the supervisor with the ``spawn`` method (a fresh interpreter: nothing of the supervisor's loop is
-inherited).  Its life:
+Started by the supervisor in a fresh interpreter (``cluster.launch`` runs ``workers.entry``, which calls ``main``:
+nothing of the supervisor's loop is inherited).  Its life:
 
 1. boot: event loop, hub, fabric; hello to every other worker.  Any failure here is reported to the supervisor
    (``boot_error``) and the process exits with ``EXIT_BOOT_FAILED``, which stops the supervisor instead of making
@@ -12,8 +12,9 @@ inherited).  Its life:
 3. stop (``stop`` order or SIGTERM): stop reading, send what is already queued to clients, close, exit 0 within the
    grace period.  SIGINT is ignored: a terminal's Ctrl-C reaches the whole process group, and the supervisor
    orchestrates the shutdown.
-4. orphaned (the control socket reads EOF: the supervisor is gone, even by SIGKILL): drop every connection,
-   remove the runtime directory, exit at once.
+4. orphaned (the control socket reads EOF: the supervisor is gone, even by SIGKILL): close every connection the
+   way the kernel closes a killed server's sockets (a FIN, so clients read EOF and reconnect quietly; a reset
+   only where output is being dropped), remove the runtime directory, exit within a fraction of a second.
 """
 
 from __future__ import annotations
@@ -37,12 +38,15 @@ from .bridge import BridgeSession
 from .hub import Hub
 from .nats import NatsSession
 from .ndjson import NdjsonSession
+from . import workqueues
+from .workqueues.qlite import QliteSession
 
 log = logging.getLogger("broker.worker")
 
 EXIT_BOOT_FAILED = 3
+ORPHAN_CLOSE_WAIT = 0.2  # seconds an orphaned worker gives its closes to reach the kernel before it exits
 
-SESSIONS = {"ndjson": NdjsonSession, "nats": NatsSession, "bridge": BridgeSession}
+SESSIONS = {"ndjson": NdjsonSession, "nats": NatsSession, "bridge": BridgeSession, "qlite": QliteSession}
 
 
 def main(index: int, epoch: int, workers: int, config: Config, runtime_dir: str, ctl_sock: socket.socket,
@@ -134,6 +138,7 @@ class Worker:
         self.hub.server_info = self.server_info
         self.hub.supervisor_request = self._request
         self.hub.auth_failed = lambda address: self.ctl.send({"k": "auth_fail", "ip": address})
+        self.hub.queue_service = workqueues.start(self.index, cfg, self.runtime_dir, self.hub)
         self.hub.fabric = Fabric(self.index, self.workers, self.epoch, self.runtime_dir, self.hub,
                                  hwm=cfg.fabric.hwm, window_bytes=cfg.fabric.window_bytes,
                                  stall_timeout=cfg.fabric.stall_timeout)
@@ -224,6 +229,8 @@ class Worker:
                              for c in hub.conns.values()]
         elif what == "subjects":
             data["subjects"] = hub.owned.top(int(msg.get("limit", 100)), msg.get("subject"))
+        elif what == "queues" and hub.queue_service is not None:
+            data["queues"] = hub.queue_service.shard.stats(msg.get("queue"))
         return data
 
     def _on_control_closed(self) -> None:
@@ -232,8 +239,36 @@ class Worker:
         # The supervisor is gone.  Nobody will hand us work or stop us: leave now, and clean up after it.
         log.warning("supervisor is gone; exiting")
         self._stopping = True
-        self._abort_all()
+        self._close_all_now()
         runtime.remove(self.runtime_dir)
+        asyncio.ensure_future(self._exit_when_closed(time.monotonic() + ORPHAN_CLOSE_WAIT))
+
+    def _close_all_now(self) -> None:
+        """Close every connection at once, as the kernel closes the sockets of a server that was killed: a FIN
+        after what the kernel already holds, so that clients read EOF, not a reset.  A connection with output
+        still queued here is aborted (RST): that output is being dropped, and the client should not take what
+        reached it for the whole.  Nothing waits for clients (``Connection.close`` would linger for them)."""
+        hub = self.hub
+        if hub is None:
+            return
+        hub.stopping = True
+        for conn in list(hub.conns.values()):
+            transport = conn.transport
+            if transport is None or transport.is_closing():
+                continue
+            if not conn.closed:
+                hub.settle(conn)  # deliveries batched for it count as queued output
+            if conn.out or transport.get_write_buffer_size():
+                conn.abort()
+            else:
+                conn.closed = True
+                transport.close()
+
+    async def _exit_when_closed(self, deadline: float) -> None:
+        """Let the event loop hand the closes to the kernel (and call connection_lost), briefly, then exit."""
+        hub = self.hub
+        while hub is not None and hub.conns and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
         self._finish(0)
 
     def _on_sigterm(self) -> None:
@@ -276,6 +311,8 @@ class Worker:
             conn.abort()
 
     def _finish(self, code: int) -> None:
+        if self.hub is not None and self.hub.queue_service is not None:
+            self.hub.queue_service.close(graceful=not code)
         if self.hub is not None and self.hub.fabric is not None:
             self.hub.fabric.close()
         self.auth.close()

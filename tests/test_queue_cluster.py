@@ -1,0 +1,215 @@
+"""Work queues across the cluster: a kill -9 of the worker that owns them loses nothing acknowledged (every push that got
+the end, leases held across the crash can still be acked, and nobody is answered twice or not at all."""
+
+import asyncio
+import json
+import os
+import signal
+import time
+import zlib
+
+from harness import pid_alive
+
+N = 2000
+
+
+class Conn:
+    """One NDJSON connection, one request at a time."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, port: int) -> "Conn":
+        return cls(*await asyncio.open_connection("127.0.0.1", port))
+
+    async def request(self, obj: dict) -> dict:
+        self.writer.write(json.dumps(obj).encode() + b"\n")
+        return json.loads(await asyncio.wait_for(self.reader.readline(), 30))
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def on_worker(port: int, worker: int) -> Conn:
+    extra = []
+    for _ in range(32):
+        c = await Conn.open(port)
+        if (await c.request({"op": "info"}))["info"]["worker"] == worker:
+            for e in extra:
+                e.close()
+            return c
+        extra.append(c)
+    raise AssertionError("no connection landed on the wanted worker")
+
+
+def test_kill_9_of_the_owner_loses_nothing_acknowledged(start_broker):
+    broker = start_broker(workers=2)
+    queue = next(q for q in (f"crash.{i}" for i in range(100)) if zlib.crc32(q.encode()) % 2 == 1)
+    owner_pid = next(w["pid"] for w in broker.varz()["workers"] if w["worker"] == 1)
+
+    async def run():
+        producer = await on_worker(broker.port, 0)   # clients on the worker that survives
+        consumer = await on_worker(broker.port, 0)
+        stored: set[int] = set()
+        retried: set[int] = set()
+        acked: list[int] = []
+        unavailable = 0
+        killed = asyncio.Event()
+
+        async def produce():
+            nonlocal unavailable
+            for i in range(N):
+                while True:
+                    reply = await producer.request({"op": "qpush", "queue": queue, "data": i})
+                    if reply["ok"]:
+                        stored.add(i)
+                        break
+                    assert reply.get("retry"), reply
+                    unavailable += 1
+                    retried.add(i)
+                    await asyncio.sleep(0.05)
+                if i == N // 3:
+                    os.kill(owner_pid, signal.SIGKILL)
+                    killed.set()
+
+        async def consume(until: float):
+            while time.monotonic() < until:
+                reply = await consumer.request({"op": "qrecv", "queue": queue, "max": 20, "wait_ms": 200,
+                                                "visibility_ms": 1500})
+                if not reply["ok"]:
+                    assert reply.get("retry"), reply
+                    await asyncio.sleep(0.05)
+                    continue
+                for m in reply["messages"]:
+                    ack = await consumer.request({"op": "qack", "queue": queue, "receipt": m["receipt"]})
+                    if ack["ok"]:
+                        # already_acked too: each receipt is acked once here, so that is this ack, sent again
+                        # after the owner died having journaled it
+                        acked.append(m["data"])
+                    elif not ack["ok"]:
+                        # the lease was lost (expired during the outage): it is delivered again
+                        assert ack["error"] in ("lease_lost", "queue_unavailable"), ack
+                if not reply["messages"] and len(stored) == N and len(set(acked)) >= N:
+                    return
+
+        await asyncio.gather(produce(), consume(time.monotonic() + 60))
+        assert killed.is_set()
+        stat = (await consumer.request({"op": "qstat", "queue": queue}))["stat"]
+        producer.close()
+        consumer.close()
+        return stored, retried, acked, unavailable, stat
+
+    stored, retried, acked, unavailable, stat = asyncio.run(run())
+    assert not pid_alive(owner_pid)
+    assert stored == set(range(N))
+    missing = stored - set(acked)
+    assert not missing, f"{len(missing)} pushes that got ok were never delivered: {sorted(missing)[:10]}"
+    twice = {v for v in acked if acked.count(v) > 1}
+    # a value acked twice is two stored copies: only a push the client itself retried may have two
+    assert twice <= retried, f"stored twice without a client retry: {sorted(twice - retried)[:10]}"
+    assert stat["messages"] == 0 and stat["in_flight"] == 0, stat
+    assert "replayed" in broker.log(), broker.log()[-2000:]
+
+
+def test_queuez_reports_each_queue_from_its_owner(start_broker):
+    broker = start_broker(workers=2)
+
+    async def run():
+        c = await Conn.open(broker.port)
+        names = [f"qz.{i}" for i in range(6)]
+        for i, name in enumerate(names):
+            for _ in range(i + 1):
+                assert (await c.request({"op": "qpush", "queue": name, "data": "x"}))["ok"]
+        got = await c.request({"op": "qrecv", "queue": names[2], "max": 2})
+        assert len(got["messages"]) == 2
+        c.close()
+
+    asyncio.run(run())
+    status, body = broker.http("/queuez")
+    assert status == 200 and body["total"] == 6
+    rows = {row["queue"]: row for row in body["queues"]}
+    for i in range(6):
+        name = f"qz.{i}"
+        assert rows[name]["owner"] == zlib.crc32(name.encode()) % 2
+        assert rows[name]["messages"] == i + 1 and rows[name]["pushed"] == i + 1
+    assert rows["qz.2"]["in_flight"] == 2 and rows["qz.2"]["visible"] == 1
+    one = broker.http("/queuez?queue=qz.3")[1]
+    assert [row["queue"] for row in one["queues"]] == ["qz.3"]
+
+
+def test_data_dir_keeps_queues_across_a_broker_restart_and_refuses_another_worker_count(start_broker, tmp_path):
+    config = {"queues": {"data_dir": str(tmp_path / "queues"), "fsync": "always"}}
+    first = start_broker(workers=2, config=config)
+
+    async def fill():
+        c = await Conn.open(first.port)
+        for i in range(20):
+            assert (await c.request({"op": "qpush", "queue": f"keep.{i % 4}", "data": i}))["ok"]
+        leased = await c.request({"op": "qrecv", "queue": "keep.0", "max": 2, "visibility_ms": 60_000})
+        c.close()
+        return [m["receipt"] for m in leased["messages"]]
+
+    receipts = asyncio.run(fill())
+    assert first.stop() == 0
+    assert "not kept" not in first.log()          # with data_dir nothing is dropped at a stop
+    second = start_broker(workers=2, config=config)
+
+    async def check():
+        c = await Conn.open(second.port)
+        total = 0
+        for q in range(4):
+            total += (await c.request({"op": "qstat", "queue": f"keep.{q}"}))["stat"]["messages"]
+        # a lease taken before the restart is still the consumer's: its receipt acks
+        acks = [await c.request({"op": "qack", "queue": "keep.0", "receipt": r}) for r in receipts]
+        c.close()
+        return total, acks
+
+    total, acks = asyncio.run(check())
+    assert total == 20 and acks == [{"ok": True}, {"ok": True}]
+    assert second.stop() == 0
+    try:
+        start_broker(workers=3, config=config)
+    except RuntimeError as exc:
+        assert "holds the queues of a broker with 2 workers" in str(exc)
+    else:
+        raise AssertionError("a broker with another worker count started on the same queues.data_dir")
+
+
+def test_configured_queues_exist_and_override_the_defaults(start_broker):
+    config = {"queues": {"max_deliveries": 5, "queues": [
+        {"name": "conf.small", "max_messages": 2, "visibility_timeout": 0.2},
+        {"name": "conf.once", "max_deliveries": 1}]}}
+    broker = start_broker(workers=2, config=config)
+    rows = {row["queue"]: row for row in broker.http("/queuez")[1]["queues"]}
+    assert {"conf.small", "conf.once"} <= set(rows)            # configured: there before any push
+
+    async def run():
+        c = await Conn.open(broker.port)
+        for i in range(2):
+            assert (await c.request({"op": "qpush", "queue": "conf.small", "data": i}))["ok"]
+        full = await c.request({"op": "qpush", "queue": "conf.small", "data": 2})
+        assert full == {"ok": False, "error": "queue_full", "retry": True}
+        assert (await c.request({"op": "qpush", "queue": "conf.other", "data": 0}))["ok"]   # defaults elsewhere
+        got = (await c.request({"op": "qrecv", "queue": "conf.small"}))["messages"][0]
+        await asyncio.sleep(0.3)                                  # its own 0.2 s visibility timeout
+        again = (await c.request({"op": "qrecv", "queue": "conf.small"}))["messages"][0]
+        assert again["id"] == got["id"] and again["deliveries"] == 2
+        assert (await c.request({"op": "qpush", "queue": "conf.once", "data": "x"}))["ok"]
+        m = (await c.request({"op": "qrecv", "queue": "conf.once"}))["messages"][0]
+        assert (await c.request({"op": "qnack", "queue": "conf.once", "receipt": m["receipt"]}))["state"] == "dead"
+        c.close()
+
+    asyncio.run(run())
+
+
+def test_bad_queue_definitions_are_refused_at_start(start_broker):
+    for queues, text in (([{"name": "bad.*"}], "is not a queue name"),
+                         ([{"name": "a"}, {"name": "a"}], "configured twice"),
+                         ([{"name": "a", "max_deliveries": -1}], "max_deliveries")):
+        try:
+            start_broker(workers=1, config={"queues": {"queues": queues}})
+        except RuntimeError as exc:
+            assert text in str(exc) and "exited with 2" in str(exc)
+        else:
+            raise AssertionError(f"started with {queues}")

@@ -1,0 +1,228 @@
+"""Work queues from a real NATS client (nats-py): request/reply on ``$Q.<OP>.<queue>``, and the JetStream-style
+``Msg`` methods (ack, nak, in_progress, term) on the messages a receive delivers."""
+
+import asyncio
+import json
+
+import nats
+import pytest
+
+from test_security import secure_config
+
+
+def url(broker) -> str:
+    return f"nats://127.0.0.1:{broker.ports['nats']}"
+
+
+async def push(nc, queue: str, data: bytes, **headers) -> dict:
+    return json.loads((await nc.request(f"$Q.PUSH.{queue}", data, headers=headers or None)).data)
+
+
+async def recv(nc, queue: str, **body):
+    return await nc.request(f"$Q.RECV.{queue}", json.dumps(body).encode(), timeout=5)
+
+
+async def stat(nc, queue: str) -> dict:
+    return json.loads((await nc.request(f"$Q.STAT.{queue}", b"")).data)["stat"]
+
+
+def test_push_receive_ack_with_msg_methods(start_broker):
+    broker = start_broker(workers=2, config={"queues": {"max_deliveries": 2}})
+
+    async def run():
+        nc = await nats.connect(url(broker), allow_reconnect=False)
+        for i, priority in enumerate((0, 9, 4)):
+            assert (await push(nc, "nq.jobs", b"job%d" % i, **{"Q-Priority": str(priority)}))["ok"]
+        first = await recv(nc, "nq.jobs")
+        assert first.data == b"job1" and first.headers["Q-Deliveries"] == "1"  # priority 9 first
+        assert first.reply == f"$Q.ACK.nq.jobs.{first.headers['Q-Receipt']}"
+        await first.ack()
+        second = await recv(nc, "nq.jobs", visibility_ms=300)
+        assert second.data == b"job2"
+        await second.in_progress()          # +WPI: the same 300 ms again
+        await asyncio.sleep(0.2)
+        await second.in_progress()
+        await asyncio.sleep(0.2)            # 400 ms since the receive: alive only through the heartbeats
+        ack = json.loads((await nc.request(second.reply, b"+ACK")).data)
+        assert ack == {"ok": True}
+        third = await recv(nc, "nq.jobs")
+        assert third.data == b"job0"
+        await third.nak()                    # back, and delivered again with deliveries 2
+        again = await recv(nc, "nq.jobs")
+        assert again.data == b"job0" and again.headers["Q-Deliveries"] == "2"
+        stale = json.loads((await nc.request(third.reply, b"+ACK")).data)
+        assert stale == {"ok": False, "error": "lease_lost", "deliveries": 2}
+        await again.nak()                    # the second (last) delivery: to the DLQ
+        await nc.flush()
+        s = await stat(nc, "nq.jobs")
+        assert s["messages"] == 0 and s["acked"] == 2 and s["dead_lettered"] == 1
+        dead = await recv(nc, "nq.jobs.dlq")
+        assert dead.data == b"job0" and dead.headers["Q-Deliveries"] == "3"
+        await dead.term()
+        await nc.close()
+
+    asyncio.run(run())
+
+
+def test_batches_statuses_and_errors(start_broker):
+    broker = start_broker(workers=2)
+
+    async def run():
+        nc = await nats.connect(url(broker), allow_reconnect=False)
+        empty = await recv(nc, "nq.none")
+        assert empty.headers["Status"] == "404" and empty.data == b""
+        t0 = asyncio.get_running_loop().time()
+        timeout = await recv(nc, "nq.none", expires=200_000_000)
+        assert timeout.headers["Status"] == "408"
+        assert asyncio.get_running_loop().time() - t0 >= 0.19
+        for i in range(5):
+            await push(nc, "nq.batch", b"%d" % i)
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox)
+        await asyncio.sleep(0)
+        await nc.flush()
+        await nc.publish("$Q.RECV.nq.batch", b'{"batch": 3}', reply=inbox)
+        got = [await sub.next_msg(timeout=5) for _ in range(3)]
+        assert [m.data for m in got] == [b"0", b"1", b"2"]
+        assert len({m.headers["Q-Receipt"] for m in got}) == 3
+        # a waiting receive gets a message pushed after it, from another connection
+        other = await nats.connect(url(broker), allow_reconnect=False)
+        waiting = asyncio.ensure_future(recv(nc, "nq.later", expires=5_000_000_000))
+        await asyncio.sleep(0.1)
+        await push(other, "nq.later", b"late")
+        assert (await waiting).data == b"late"
+        bad = json.loads((await nc.request("$Q.RECV.nq.batch", b"{not json")).data)
+        assert bad == {"ok": False, "error": "invalid_json"}
+        bad = json.loads((await nc.request("$Q.FROB.nq.batch", b"")).data)
+        assert bad["error"] == "unknown_op"
+        bad = json.loads((await nc.request("$Q.PUSH.nq.batch", b"x", headers={"Q-Priority": "high"})).data)
+        assert bad["error"] == "invalid_priority"
+        bad = json.loads((await nc.request("$Q.ACK.nq.batch.notareceipt", b"")).data)
+        assert bad["error"] == "invalid_receipt"
+        bad = json.loads((await nc.request("$Q.RECV.nq.batch", b'{"batch": 5000}')).data)
+        assert bad["error"] == "invalid_max"
+        await other.close()
+        await nc.close()
+
+    asyncio.run(run())
+
+
+def test_queue_permissions_on_nats(start_broker):
+    # replies come to the requester's inbox: it must be allowed to subscribe to it, as with nats-server
+    users = [{"username": "producer", "password": "pw-producer", "permissions": ["publish:orders.>",
+                                                                                 "subscribe:_INBOX.>"]},
+             {"username": "worker", "password": "pw-worker", "permissions": ["subscribe:orders.>",
+                                                                             "subscribe:_INBOX.>"]}]
+    broker = start_broker(workers=2, config=secure_config(users=users))
+
+    async def run():
+        producer = await nats.connect(url(broker), user="producer", password="pw-producer", allow_reconnect=False)
+        worker = await nats.connect(url(broker), user="worker", password="pw-worker", allow_reconnect=False)
+        assert (await push(producer, "orders.new", b"o1"))["ok"]
+        denied = await push(worker, "orders.new", b"o2")
+        assert denied == {"ok": False, "error": "permission_denied"}
+        denied = json.loads((await producer.request("$Q.RECV.orders.new", b"")).data)
+        assert denied == {"ok": False, "error": "permission_denied"}
+        msg = await recv(worker, "orders.new")
+        assert msg.data == b"o1"
+        await msg.ack()
+        denied = json.loads((await worker.request("$Q.PURGE.orders.new", b"")).data)
+        assert denied["error"] == "permission_denied"
+        await producer.close()
+        await worker.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("headers", [None, {"Q-Delay": "300"}])
+def test_push_delay_header(start_broker, headers):
+    broker = start_broker(workers=1)
+
+    async def run():
+        nc = await nats.connect(url(broker), allow_reconnect=False)
+        await push(nc, "nq.delay", b"d", **(headers or {}))
+        first = await recv(nc, "nq.delay")
+        if headers:
+            assert first.headers["Status"] == "404"
+            await asyncio.sleep(0.35)
+            first = await recv(nc, "nq.delay")
+        assert first.data == b"d"
+        await nc.close()
+
+    asyncio.run(run())
+
+
+def test_thousands_of_waiting_receives_cost_little_and_are_served_in_order(start_broker):
+    broker = start_broker(workers=2)
+    waiting = 1000
+
+    async def run():
+        consumers = [await nats.connect(url(broker), allow_reconnect=False) for _ in range(2)]
+        inboxes = []
+        for c in consumers:
+            inbox = c.new_inbox()
+            inboxes.append((inbox, await c.subscribe(inbox)))
+            await asyncio.sleep(0)
+            await c.flush()
+        body = json.dumps({"batch": 1, "expires": 30_000_000_000}).encode()
+        order = []
+        for i in range(waiting):                      # alternating between the two connections (two workers)
+            c = i % 2
+            await consumers[c].publish("$Q.RECV.nq.many", body, reply=inboxes[c][0])
+            order.append(c)
+            if i % 100 == 99:
+                await consumers[c].flush()
+        for c in consumers:
+            await c.flush()
+        producer = await nats.connect(url(broker), allow_reconnect=False)
+        for _ in range(20):
+            s = await stat(producer, "nq.many")
+            if s["waiters"] == waiting:
+                break
+            await asyncio.sleep(0.1)
+        assert s["waiters"] == waiting
+        for i in range(waiting):
+            await producer.publish("$Q.PUSH.nq.many", b"%d" % i)
+        await producer.flush()
+        got = [[], []]
+        for c in (0, 1):
+            for _ in range(waiting // 2):
+                got[c].append(int((await inboxes[c][1].next_msg(timeout=10)).data))
+        # each waiter got one message; arrival order across both connections is the order of the pushes
+        merged = sorted(got[0] + got[1])
+        assert merged == list(range(waiting))
+        assert got[0] == sorted(got[0]) and got[1] == sorted(got[1])
+        s = await stat(producer, "nq.many")
+        assert s["waiters"] == 0 and s["in_flight"] == waiting
+        for c in consumers + [producer]:
+            await c.close()
+
+    asyncio.run(run())
+
+
+def test_waiters_per_connection_are_bounded(start_broker):
+    broker = start_broker(workers=1)
+
+    async def run():
+        nc = await nats.connect(url(broker), allow_reconnect=False)
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox)
+        await asyncio.sleep(0)
+        await nc.flush()
+        body = json.dumps({"batch": 1, "expires": 30_000_000_000}).encode()
+        for _ in range(1001):
+            await nc.publish("$Q.RECV.nq.bounded", body, reply=inbox)
+        await nc.flush()
+        refused = json.loads((await sub.next_msg(timeout=5)).data)
+        assert refused == {"ok": False, "error": "too_many_waiters", "retry": True}
+        assert (await stat(nc, "nq.bounded"))["waiters"] == 1000
+        await nc.close()
+        nc2 = await nats.connect(url(broker), allow_reconnect=False)
+        for _ in range(20):  # the closed connection's waiters are dropped
+            if (await stat(nc2, "nq.bounded"))["waiters"] == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert (await stat(nc2, "nq.bounded"))["waiters"] == 0
+        await nc2.close()
+
+    asyncio.run(run())

@@ -1,0 +1,439 @@
+"""The work-queue journal's file format, without a broker: round trips, group commit, torn tails, compaction."""
+
+import errno
+import logging
+import marshal
+import os
+import stat
+import struct
+import zlib
+
+import pytest
+
+from workers.workqueues import journal as jmod
+from workers.workqueues.journal import Journal
+
+RECORDS = [
+    ("orders", ("push", 1, "aWQtMQ==", b"\x00hello\xff" * 3, 4, 1_700_000_000_000_000_000, 0, 0, "", "", 0)),
+    ("orders", ("lease", 1, os.urandom(16), 123_456_789, 30_123_456_789, 30_000, 1_700_000_000_000_000_001)),
+    ("orders", ("deadline", b"r" * 16, 2 ** 62)),
+    ("caf\u00e9.\u2603", ("push", 7, "x", b"", 9, 1, 5, 3, "max_deliveries", "orders", 2)),
+    ("orders", ("requeue", b"r" * 16, 0)),
+    ("orders", ("take", [1, 2, 3])),
+    ("orders.dlq", ("dead", 7, "terminated")),
+    ("orders", ("ack", b"\x01" * 16)),
+    ("orders", ("purge",)),
+    ("misc", ("weird", None, -1, 2 ** 100, [b"a", ("nested", [None])], ())),
+]
+
+
+def write(path, records, **kwargs):
+    j = Journal(str(path), **kwargs)
+    for queue, record in records:
+        j.append(queue, record)
+    j.commit()
+    j.close()
+
+
+def replay(path):
+    j = Journal(str(path))
+    try:
+        return list(j.replay())
+    finally:
+        j.close()
+
+
+def test_round_trip(tmp_path):
+    path = tmp_path / "j"
+    write(path, RECORDS)
+    got = replay(path)
+    assert got == RECORDS
+    # Types survive exactly: tuples stay tuples, lists lists, bytes bytes.
+    assert type(got[5][1][1]) is list and type(got[9][1][4][1]) is tuple and type(got[0][1][3]) is bytes
+
+
+def test_on_disk_format(tmp_path):
+    path = tmp_path / "j"
+    write(path, RECORDS[:2])
+    raw = path.read_bytes()
+    n, crc = struct.unpack_from("<II", raw, 0)
+    body = raw[8:8 + n]
+    assert zlib.crc32(body) == crc
+    assert marshal.loads(body) == RECORDS[0]
+    assert raw[:8 + n] == jmod.encode(*RECORDS[0])
+    assert len(raw) == sum(len(jmod.encode(q, r)) for q, r in RECORDS[:2])
+
+
+def test_file_created_private(tmp_path):
+    path = tmp_path / "j"
+    Journal(str(path)).close()
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+
+def test_nothing_written_before_commit(tmp_path):
+    path = tmp_path / "j"
+    j = Journal(str(path))
+    assert not j.dirty and j.size == 0
+    for queue, record in RECORDS:
+        j.append(queue, record)
+    assert j.dirty
+    assert j.size == 0 and os.path.getsize(path) == 0
+    assert list(j.replay()) == []          # the file, not the buffer
+    j.commit()
+    assert not j.dirty
+    assert j.size == os.path.getsize(path) > 0
+    j.commit()                             # nothing buffered: nothing written
+    assert j.size == os.path.getsize(path)
+    assert list(j.replay()) == RECORDS
+    j.close()
+
+
+def test_commit_is_one_write(tmp_path, monkeypatch):
+    path = tmp_path / "j"
+    j = Journal(str(path))
+    calls = []
+    real = jmod._write
+    monkeypatch.setattr(jmod, "_write", lambda fd, data: calls.append(len(data)) or real(fd, data))
+    for queue, record in RECORDS:
+        j.append(queue, record)
+    j.commit()
+    assert calls == [os.path.getsize(path)]
+    j.close()
+
+
+def test_partial_writes_are_continued(tmp_path, monkeypatch):
+    path = tmp_path / "j"
+    j = Journal(str(path))
+    real = jmod._write
+    monkeypatch.setattr(jmod, "_write", lambda fd, data: real(fd, bytes(data[:7])))
+    for queue, record in RECORDS:
+        j.append(queue, record)
+    j.commit()
+    monkeypatch.undo()
+    j.close()
+    assert replay(path) == RECORDS
+
+
+def test_failed_commit_leaves_a_clean_file_and_retries(tmp_path, monkeypatch):
+    path = tmp_path / "j"
+    j = Journal(str(path))
+    j.append(*RECORDS[0])
+    j.commit()
+    good = os.path.getsize(path)
+    real = jmod._write
+    state = {"n": 0}
+
+    def flaky(fd, data):
+        state["n"] += 1
+        if state["n"] == 1:
+            return real(fd, bytes(data[:5]))   # part of a record, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(jmod, "_write", flaky)
+    for queue, record in RECORDS[1:]:
+        j.append(queue, record)
+    with pytest.raises(OSError):
+        j.commit()
+    assert os.path.getsize(path) == good == j.size
+    assert j.dirty
+    monkeypatch.undo()
+    j.commit()
+    j.close()
+    assert replay(path) == RECORDS
+
+
+def _last_record_offset(path, count):
+    raw = path.read_bytes()
+    offset = 0
+    for _ in range(count - 1):
+        n, _ = struct.unpack_from("<II", raw, offset)
+        offset += 8 + n
+    return offset, len(raw)
+
+
+@pytest.mark.parametrize("keep", [1, 4, 7, 8, 9, 20, -1])
+def test_torn_tail_is_truncated(tmp_path, caplog, keep):
+    path = tmp_path / "j"
+    write(path, RECORDS)
+    start, end = _last_record_offset(path, len(RECORDS))
+    cut = start + keep if keep >= 0 else end - 1
+    with open(path, "r+b") as f:
+        f.truncate(cut)
+    j = Journal(str(path))
+    with caplog.at_level(logging.WARNING, logger="broker.journal"):
+        assert list(j.replay()) == RECORDS[:-1]
+    assert f"at byte {start} " in caplog.text
+    assert os.path.getsize(path) == start == j.size
+    # Appends after the cut follow the last good record.
+    j.append("after", ("push", 99, "z", b"new", 0, 0, 0, 0, "", "", 0))
+    j.commit()
+    j.close()
+    caplog.clear()
+    assert replay(path) == RECORDS[:-1] + [("after", ("push", 99, "z", b"new", 0, 0, 0, 0, "", "", 0))]
+    assert "truncating" not in caplog.text
+
+
+@pytest.mark.parametrize("where", ["length", "crc", "body_first", "body_last"])
+def test_corrupt_last_record_is_truncated(tmp_path, caplog, where):
+    path = tmp_path / "j"
+    write(path, RECORDS)
+    start, end = _last_record_offset(path, len(RECORDS))
+    at = {"length": start, "crc": start + 5, "body_first": start + 8, "body_last": end - 1}[where]
+    raw = bytearray(path.read_bytes())
+    raw[at] ^= 0x40
+    path.write_bytes(bytes(raw))
+    j = Journal(str(path), fsync="always")
+    with caplog.at_level(logging.WARNING, logger="broker.journal"):
+        assert list(j.replay()) == RECORDS[:-1]
+    assert f"at byte {start} " in caplog.text
+    assert os.path.getsize(path) == start == j.size
+    j.append(*RECORDS[-1])
+    j.commit()
+    j.close()
+    assert replay(path) == RECORDS
+
+
+def test_corruption_in_the_middle_drops_the_rest(tmp_path, caplog):
+    path = tmp_path / "j"
+    write(path, RECORDS)
+    start, _ = _last_record_offset(path, 4)
+    raw = bytearray(path.read_bytes())
+    raw[start + 10] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    with caplog.at_level(logging.WARNING, logger="broker.journal"):
+        assert replay(path) == RECORDS[:3]
+    assert "checksum mismatch" in caplog.text
+    assert os.path.getsize(path) == start
+
+
+def test_valid_crc_but_undecodable_body_stops(tmp_path, caplog):
+    path = tmp_path / "j"
+    write(path, RECORDS[:2])
+    good = os.path.getsize(path)
+    body = b"\xff\xfe not marshal"
+    with open(path, "ab") as f:
+        f.write(struct.pack("<II", len(body), zlib.crc32(body)) + body)
+        f.write(struct.pack("<II", 0, 0))   # an empty body: not a record either
+    with caplog.at_level(logging.WARNING, logger="broker.journal"):
+        assert replay(path) == RECORDS[:2]
+    assert "undecodable" in caplog.text
+    assert os.path.getsize(path) == good
+
+
+def test_reopen_appends_after_existing_records(tmp_path):
+    path = tmp_path / "j"
+    write(path, RECORDS[:3])
+    j = Journal(str(path))
+    assert j.size == os.path.getsize(path)
+    assert list(j.replay()) == RECORDS[:3]
+    for queue, record in RECORDS[3:]:
+        j.append(queue, record)
+    j.close()                               # close commits
+    assert replay(path) == RECORDS
+
+
+def test_replay_across_read_chunks(tmp_path, monkeypatch):
+    """Records straddling the reader's chunk boundaries, and records bigger than a chunk."""
+    path = tmp_path / "j"
+    records = [("q", ("push", i, str(i), os.urandom(i * 7 % 300), 0, i, 0, 0, "", "", 0)) for i in range(500)]
+    records.insert(250, ("q", ("push", 1000, "big", os.urandom(3 << 20), 0, 0, 0, 0, "", "", 0)))
+    write(path, records)
+    assert replay(path) == records
+    monkeypatch.setattr(jmod, "_CHUNK", 37)
+    assert replay(path) == records
+
+
+def test_rewrite_replaces_contents_and_appending_continues(tmp_path):
+    path = tmp_path / "j"
+    j = Journal(str(path))
+    for queue, record in RECORDS:
+        j.append(queue, record)
+    j.commit()
+    before = j.size
+    live = RECORDS[:2]
+    j.rewrite(iter(live))
+    assert not os.path.exists(str(path) + ".tmp")
+    assert j.size == os.path.getsize(path) < before
+    assert list(j.replay()) == live
+    assert replay(path) == live            # what a fresh worker would see
+    j.append(*RECORDS[2])
+    j.commit()
+    assert j.size == os.path.getsize(path)
+    j.close()
+    assert replay(path) == RECORDS[:3]
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+
+def test_rewrite_to_nothing(tmp_path):
+    path = tmp_path / "j"
+    write(path, RECORDS)
+    j = Journal(str(path))
+    j.rewrite([])
+    assert j.size == 0 == os.path.getsize(path)
+    j.close()
+    assert replay(path) == []
+
+
+def test_rewrite_large_in_chunks(tmp_path):
+    path = tmp_path / "j"
+    j = Journal(str(path))
+    records = [("q%d" % (i % 3), ("push", i, str(i), b"x" * 1000, 0, i, 0, 0, "", "", 0)) for i in range(3000)]
+    j.rewrite(records)
+    j.close()
+    assert replay(path) == records
+
+
+def test_failed_rewrite_keeps_the_old_journal(tmp_path):
+    path = tmp_path / "j"
+    j = Journal(str(path))
+    for queue, record in RECORDS:
+        j.append(queue, record)
+    j.commit()
+
+    def broken():
+        yield RECORDS[0]
+        raise RuntimeError("snapshot failed")
+
+    with pytest.raises(RuntimeError):
+        j.rewrite(broken())
+    assert not os.path.exists(str(path) + ".tmp")
+    with pytest.raises(ValueError):
+        j.rewrite([("q", ("push", object()))])   # marshal cannot encode it
+    assert list(j.replay()) == RECORDS
+    j.append(*RECORDS[0])
+    j.close()
+    assert replay(path) == RECORDS + RECORDS[:1]
+
+
+def test_rewrite_refuses_uncommitted_records(tmp_path):
+    j = Journal(str(tmp_path / "j"))
+    j.append(*RECORDS[0])
+    with pytest.raises(AssertionError):
+        j.rewrite(RECORDS)
+    j.close()
+
+
+def test_rewrite_over_a_stale_tmp(tmp_path):
+    path = tmp_path / "j"
+    (tmp_path / "j.tmp").write_bytes(b"left over by a crash during compaction")
+    j = Journal(str(path))
+    j.rewrite(RECORDS[:2])
+    j.close()
+    assert replay(path) == RECORDS[:2]
+
+
+def test_path_none_is_off(tmp_path):
+    j = Journal(None)
+    for queue, record in RECORDS:
+        j.append(queue, record)
+    assert not j.dirty
+    j.commit()
+    j.tick()
+    assert list(j.replay()) == []
+    j.rewrite(RECORDS)
+    assert j.size == 0
+    j.close()
+    j.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("mode", ["no", "everysec", "always"])
+def test_fsync_modes_accepted(tmp_path, mode):
+    path = tmp_path / "j"
+    write(path, RECORDS, fsync=mode)
+    assert replay(path) == RECORDS
+
+
+@pytest.mark.parametrize("mode", ["", "yes", "Always", "every_sec", None, 1])
+def test_bad_fsync_mode(tmp_path, mode):
+    with pytest.raises(ValueError):
+        Journal(str(tmp_path / "j"), fsync=mode)
+    assert not (tmp_path / "j").exists()
+
+
+@pytest.fixture
+def syncs(monkeypatch):
+    """Count fsyncs and drive the journal's clock by hand."""
+    calls = []
+    clock = [1000.0]
+    monkeypatch.setattr(jmod, "_sync", lambda fd: calls.append(fd))
+    monkeypatch.setattr(jmod, "_monotonic", lambda: clock[0])
+    return calls, clock
+
+
+def test_fsync_always(tmp_path, syncs):
+    calls, _ = syncs
+    j = Journal(str(tmp_path / "j"), fsync="always")
+    for i in range(3):
+        j.append(*RECORDS[i])
+        j.commit()
+    j.commit()           # nothing to write, nothing to sync
+    j.tick()
+    assert len(calls) == 3
+    j.close()
+    assert len(calls) == 3
+
+
+def test_fsync_no(tmp_path, syncs):
+    calls, clock = syncs
+    j = Journal(str(tmp_path / "j"), fsync="no")
+    for i in range(3):
+        j.append(*RECORDS[i])
+        j.commit()
+        clock[0] += 5
+        j.tick()
+    j.close()
+    assert calls == []
+
+
+def test_fsync_everysec(tmp_path, syncs):
+    calls, clock = syncs
+    j = Journal(str(tmp_path / "j"), fsync="everysec")
+    j.append(*RECORDS[0])
+    j.commit()
+    assert len(calls) == 1             # the first commit syncs
+    for _ in range(5):                  # within the second: none
+        clock[0] += 0.1
+        j.append(*RECORDS[1])
+        j.commit()
+    assert len(calls) == 1
+    clock[0] += 0.5                     # 1.0 s after the last fsync: this commit syncs
+    j.append(*RECORDS[2])
+    j.commit()
+    assert len(calls) == 2
+    j.tick()                            # nothing written since
+    assert len(calls) == 2
+    clock[0] += 0.2
+    j.append(*RECORDS[3])
+    j.commit()
+    assert len(calls) == 2
+    j.tick()                            # the owner's once-a-second timer syncs the rest
+    assert len(calls) == 3
+    j.tick()
+    assert len(calls) == 3
+    clock[0] += 0.3
+    j.append(*RECORDS[4])
+    j.commit()                          # 0.3 s after tick's fsync: not yet
+    assert len(calls) == 3
+    j.close()                           # close syncs what is unsynced
+    assert len(calls) == 4
+
+
+def test_close_commits_and_is_idempotent(tmp_path):
+    path = tmp_path / "j"
+    j = Journal(str(path))
+    j.append(*RECORDS[0])
+    j.close()
+    j.close()
+    assert replay(path) == RECORDS[:1]
+    j.append(*RECORDS[1])
+    with pytest.raises(ValueError):
+        j.commit()
+
+
+def test_unencodable_record_raises_in_append(tmp_path):
+    j = Journal(str(tmp_path / "j"))
+    with pytest.raises(ValueError):
+        j.append("q", ("push", object()))
+    assert not j.dirty
+    j.close()

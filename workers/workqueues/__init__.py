@@ -1,0 +1,90 @@
+"""Work queues with visibility timeouts (qlite's model, done as SQS and beanstalkd users expect): ``model`` is one
+queue's state machine, ``journal`` its crash safety, ``shard`` the queues a worker owns, ``service`` the way
+every worker reaches the owners, and the protocol modules (``ndjson_ops``) map requests onto it.  See
+docs/queues.md."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import TYPE_CHECKING
+
+from .journal import Journal
+from .model import Settings
+from .service import QueueService
+from .shard import Shard
+
+if TYPE_CHECKING:
+    from cluster.config import Config
+    from workers.hub import Hub
+
+log = logging.getLogger("broker.queues")
+
+
+def settings(config: "Config") -> tuple[Settings, dict[str, Settings]]:
+    """The defaults, and each configured queue's settings (its keys over the defaults)."""
+    q = config.queues
+    base = Settings(visibility_ms=int(q.visibility_timeout * 1000), max_deliveries=q.max_deliveries,
+                    max_message_bytes=q.max_message_bytes, max_messages=q.max_messages, max_bytes=q.max_bytes)
+    configured = {}
+    for d in q.queues:
+        changes = {key: getattr(d, key) for key in ("max_deliveries", "max_message_bytes", "max_messages",
+                                                      "max_bytes") if getattr(d, key) is not None}
+        if d.visibility_timeout is not None:
+            changes["visibility_ms"] = int(d.visibility_timeout * 1000)
+        configured[d.name] = dataclasses.replace(base, **changes)
+    return base, configured
+
+
+class PlacementError(Exception):
+    """Kept journals were written by a broker with another worker count."""
+
+
+def _same_placement(directory: str, workers: int) -> None:
+    """A queue is placed by its name's hash modulo the worker count, and each worker replays its own journal:
+    journals kept by a broker with another count would put queues where no request finds them.  Refuse, and say
+    how to go on."""
+    marker = os.path.join(directory, "queues.placement")
+    try:
+        with open(marker) as fh:
+            recorded = int(fh.read().strip() or 0)
+    except FileNotFoundError:
+        recorded = 0
+    except ValueError:
+        recorded = -1
+    if recorded and recorded != workers:
+        raise PlacementError(f"queues.data_dir {directory} holds the queues of a broker with {recorded} workers; "
+                             f"start it with --workers {recorded} (queues cannot move between workers yet)")
+    if not recorded:
+        tmp = f"{marker}.{os.getpid()}"
+        with open(tmp, "w") as fh:
+            fh.write(f"{workers}\n")
+        os.replace(tmp, marker)
+
+
+def start(index: int, config: "Config", runtime_dir: str, hub: "Hub") -> QueueService:
+    """This worker's shard, rebuilt from its journal (a replaced worker's, or a restarted broker's with
+    ``queues.data_dir``), and the service that reaches every shard.  Runs before the worker joins the fabric, so
+    nobody sends it a request before its queues are back."""
+    q = config.queues
+    path = None
+    if q.journal:
+        directory = q.data_dir or runtime_dir
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        if q.data_dir:
+            _same_placement(directory, hub.workers)
+        path = os.path.join(directory, f"queues-{index}.journal")
+    journal = Journal(path, q.fsync if q.data_dir else "no")
+    defaults, configured = settings(config)
+    shard = Shard(index, defaults, journal, hub.schedule_flush, config.limits.max_topic_length, configured)
+    replayed = shard.replay()
+    if replayed:
+        messages = sum(len(queue.messages) for queue in shard.queues.values())
+        log.info("worker %d: replayed %d journal record(s): %d queue(s), %d message(s)",
+                 index, replayed, len(shard.queues), messages)
+    service = QueueService(hub, shard)
+    for name in configured:   # configured queues exist from the start, at their owners
+        if service.owner(name) == index:
+            shard.queue(name)
+    return service

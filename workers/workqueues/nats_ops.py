@@ -1,0 +1,147 @@
+"""Work queues for NATS clients: request/reply on ``$Q.<OP>.<queue>``, so a nats-py program needs nothing but
+``nc.request`` and the ``Msg`` methods it already has (docs/queues.md).
+
+- ``$Q.PUSH.<queue>``: the payload is the message; headers ``Q-Priority`` (0-9) and ``Q-Delay`` (ms).  Reply:
+  ``{"ok":true,"id":...}``.
+- ``$Q.RECV.<queue>``: a JSON body as JetStream's pull requests, ``{"batch": n, "expires": ns, "no_wait": b}``,
+  plus ``visibility_ms`` and ``release_on_close``.  Each message goes to the reply subject with headers
+  ``Q-Receipt``, ``Q-Deliveries``, ``Q-Msg-Id`` and the reply subject ``$Q.ACK.<queue>.<receipt>``; none: a status
+  message, ``404 No Messages`` (or ``408 Request Timeout`` after a wait), as JetStream sends.
+- ``$Q.ACK.<queue>.<receipt>`` (or ``$Q.ACK.<queue>`` with a ``Q-Receipt`` header): JetStream's vocabulary, so
+  nats-py's ``msg.ack()``, ``msg.nak(delay)``, ``msg.in_progress()`` and ``msg.term()`` work on these messages:
+  empty or ``+ACK``, ``-NAK`` (optionally ``{"delay": ns}``), ``+WPI`` (the lease again, a heartbeat), ``+TERM``
+  (to the DLQ).  With a reply subject (``ack_sync``) the result comes back as JSON.
+- ``$Q.STAT``, ``$Q.PURGE``, ``$Q.REDRIVE`` (JSON body ``{"to": ..., "max": ...}``): JSON replies.
+Errors are JSON replies ``{"ok":false,"error":...}`` with the NDJSON protocol's error names.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import orjson
+
+from router.subjects import is_valid_literal
+from workers.message import KIND_RAW
+
+from .model import MS
+from .service import allowed
+
+if TYPE_CHECKING:
+    from workers.nats import NatsSession
+
+PREFIX = b"$Q."
+_OPS = {"PUSH": "push", "RECV": "recv", "ACK": "ack", "STAT": "stat", "PURGE": "purge", "REDRIVE": "redrive"}
+_NO_MESSAGES = b"NATS/1.0 404 No Messages\r\n\r\n"
+_TIMEOUT = b"NATS/1.0 408 Request Timeout\r\n\r\n"
+
+
+def _headers(block: bytes | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    if block:
+        for line in block.decode("utf-8", "replace").split("\r\n")[1:]:
+            name, sep, value = line.partition(":")
+            if sep:
+                out[name.strip().lower()] = value.strip()
+    return out
+
+
+def _json(payload: bytes) -> dict:
+    if not payload.strip():
+        return {}
+    try:
+        body = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return {"__invalid__": True}
+    return body if type(body) is dict else {"__invalid__": True}
+
+
+def _ack_args(verb: bytes, args: dict) -> tuple[str, dict] | None:
+    """JetStream's ack payloads -> (op, args)."""
+    word, _, rest = verb.strip().partition(b" ")
+    if word in (b"", b"+ACK"):
+        return "ack", args
+    if word == b"-NAK":
+        delay = _json(rest).get("delay", 0) if rest else 0
+        return "nack", dict(args, delay_ms=delay // MS if type(delay) is int and delay > 0 else 0)
+    if word == b"+WPI":
+        return "extend", args
+    if word == b"+TERM":
+        return "dead", args
+    return None
+
+
+def handle(session: "NatsSession", subject_b: bytes, reply_b: bytes | None, headers: bytes | None,
+           payload: bytes) -> None:
+    """A PUB to ``$Q.…``: run it on the queue's owner, answer on ``reply_b`` (if any)."""
+    try:
+        subject = subject_b.decode()
+        reply = reply_b.decode() if reply_b is not None else None
+    except UnicodeDecodeError:
+        return
+    _, _, tail = subject.partition(".")
+    verb, _, queue = tail.partition(".")
+    op = _OPS.get(verb)
+    if reply is not None and not is_valid_literal(reply, session.hub.limits.max_topic_length):
+        reply = None
+    if op is None or not queue:
+        _answer(session, reply, "", {"ok": False, "error": "unknown_op" if op is None else "invalid_queue"})
+        return
+    hdrs = _headers(headers)
+    args: dict = {}
+    if op == "ack":
+        receipt = hdrs.get("q-receipt")
+        if receipt is None:
+            queue, _, receipt = queue.rpartition(".")
+        args["receipt"] = receipt
+        mapped = _ack_args(payload, args)
+        if mapped is None:
+            _answer(session, reply, "", {"ok": False, "error": "invalid_ack"})
+            return
+        op, args = mapped
+    elif op == "push":
+        args.update(data=payload, kind=KIND_RAW)
+        for header, key in (("q-priority", "priority"), ("q-delay", "delay_ms")):
+            if header in hdrs:
+                value = hdrs[header]
+                args[key] = int(value) if value.isdigit() else value  # a non-number is refused by the shard
+    else:
+        body = _json(payload)
+        if "__invalid__" in body:
+            _answer(session, reply, op, {"ok": False, "error": "invalid_json"})
+            return
+        if op == "recv":
+            args["max"] = body.get("batch", 1)
+            expires = body.get("expires", 0)
+            args["wait_ms"] = 0 if body.get("no_wait") or type(expires) is not int else expires // MS
+            for key in ("visibility_ms", "release_on_close"):
+                if key in body:
+                    args[key] = body[key]
+        elif op == "redrive":
+            args.update({k: body[k] for k in ("to", "max") if k in body})
+    if not allowed(session.user.permissions if session._secure else None, op, queue):
+        _answer(session, reply, op, {"ok": False, "error": "permission_denied"})
+        return
+    args["queue"] = queue
+    session.hub.queue_service.request(session.cid, op, args,
+                                      lambda result: _answer(session, reply, op, result, args))
+
+
+def _answer(session: "NatsSession", reply: str | None, op: str, result: dict, args: dict | None = None) -> None:
+    if reply is None or session.closed:
+        return
+    hub = session.hub
+    route = hub.routes.get(reply) or hub.route_for(reply)
+    if op == "recv" and result.get("ok"):
+        messages = result["messages"]
+        if not messages:
+            hub.publish(route, KIND_RAW, b"", None, _TIMEOUT if args and args.get("wait_ms") else _NO_MESSAGES,
+                        session)
+            return
+        queue = args["queue"]
+        for m in messages:
+            block = ("NATS/1.0\r\nQ-Receipt: %s\r\nQ-Deliveries: %d\r\nQ-Msg-Id: %s\r\n\r\n"
+                     % (m["receipt"], m["deliveries"], m["id"])).encode()
+            hub.publish(route, m["kind"], m["data"], f"$Q.ACK.{queue}.{m['receipt']}", block, session)
+        return
+    hub.publish(route, KIND_RAW, orjson.dumps(result), None, None, session)

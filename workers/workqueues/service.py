@@ -1,0 +1,172 @@
+"""Every worker's way to its queues' owners: a request goes to the shard that owns the queue, here or over the
+fabric, and its reply comes back to the connection that asked.
+
+- A queue's owner is the owner of its name (``router.shardmap``), except that ``<queue>.dlq`` lives with
+  ``<queue>``, so dead-lettering and redrive never cross workers.
+- Requests and replies are fabric control items: ordered, acknowledged and never dropped (``router.fabric``).
+- While an owner is down (killed, being replaced), requests for it wait, up to ``UNAVAILABLE_AFTER``; they are sent
+  again once its replacement has replayed its journal and said hello, or answered ``queue_unavailable`` with
+  ``retry``.  A push carries a token (this worker, its epoch, the request), journaled with the message, so a push
+  sent again after its first copy was stored is answered with that copy's id instead of storing another.
+- When a connection closes, the owners it used drop its long polls and release its ``release_on_close`` leases.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from typing import TYPE_CHECKING, Callable
+
+from router import shardmap
+
+from .model import DLQ_SUFFIX
+from .shard import Shard
+
+if TYPE_CHECKING:
+    from workers.hub import Hub
+
+log = logging.getLogger("broker.queues")
+
+REQUEST, REPLY, GONE = "wq", "wqr", "wq-gone"   # fabric control items
+CONTROL_KINDS = (REQUEST, REPLY, GONE)
+UNAVAILABLE_AFTER = 2.0
+Reply = Callable[[dict], None]
+
+
+_NEEDS = {"push": "publish", "purge": "admin", "redrive": "admin"}   # the rest: subscribe (stat: or admin)
+
+
+def allowed(permissions, op: str, queue: str) -> bool:
+    """Whether a user's ``permissions`` (None: security off) allow ``op`` on ``queue``: ``publish:<queue>`` to
+    push, ``subscribe:<queue>`` for everything a consumer does, ``admin`` for purge, redrive and any stat; the
+    same patterns and wildcards as for subjects."""
+    if permissions is None:
+        return True
+    need = _NEEDS.get(op, "subscribe")
+    if need == "publish":
+        return permissions.may_publish(queue)
+    if need == "admin":
+        return permissions.admin
+    return permissions.may_subscribe(queue) or (op == "stat" and permissions.admin)
+
+
+def home(queue: str) -> str:
+    """The name that places a queue: a dead-letter queue is placed with its source."""
+    return queue[:-len(DLQ_SUFFIX)] if queue.endswith(DLQ_SUFFIX) and len(queue) > len(DLQ_SUFFIX) else queue
+
+
+class _Pending:
+    __slots__ = ("reply", "owner", "item", "down_since")
+
+    def __init__(self, reply: Reply, owner: int, item: tuple) -> None:
+        self.reply = reply
+        self.owner = owner
+        self.item = item
+        self.down_since = 0.0
+
+
+class QueueService:
+    def __init__(self, hub: "Hub", shard: Shard) -> None:
+        self.hub = hub
+        self.shard = shard
+        self._ids = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self._used: dict[int, set[int]] = {}     # cid -> owners its requests went to
+        shard.owns = lambda queue: self.owner(queue) == hub.index
+
+    def owner(self, queue: str) -> int:
+        return shardmap.owner(home(queue), self.hub.workers)
+
+    def request(self, cid: int, op: str, args: dict, reply: Reply) -> None:
+        """Run ``op`` on the owner of ``args["queue"]`` (a str) for the connection ``cid``; ``reply`` gets the
+        result dict."""
+        hub = self.hub
+        owner = self.owner(args["queue"])
+        holder = (hub.index, cid)
+        self._used.setdefault(cid, set()).add(owner)
+        if owner == hub.index:
+            self.shard.handle(op, args, holder, reply)
+            return
+        rid = next(self._ids)
+        if op == "push":  # a push is sent again if its owner dies: the token lets the replacement see a repeat
+            args = dict(args, token=(hub.index, hub.fabric.epoch, rid))
+        pending = self._pending[rid] = _Pending(reply, owner, (REQUEST, rid, op, args, holder))
+        if owner in hub.fabric.up_peers():
+            hub.fabric.control(owner, pending.item)
+            hub.schedule_flush()
+        else:
+            self._park(pending)
+
+    def _park(self, pending: _Pending) -> None:
+        pending.down_since = time.monotonic()
+        self.hub.loop.call_later(UNAVAILABLE_AFTER, self._give_up)
+
+    def _give_up(self) -> None:
+        """Requests whose owner has been down for ``UNAVAILABLE_AFTER``: a retryable error, never silence."""
+        now = time.monotonic()
+        for rid, pending in list(self._pending.items()):
+            if pending.down_since and now - pending.down_since >= UNAVAILABLE_AFTER - 0.01:
+                del self._pending[rid]
+                pending.reply({"ok": False, "error": "queue_unavailable", "retry": True})
+
+    # -- fabric ---------------------------------------------------------------------------------------------
+    def on_control(self, src: int, item: tuple) -> None:
+        kind = item[0]
+        if kind == REQUEST:
+            _, rid, op, args, holder = item
+            self.shard.handle(op, args, tuple(holder), lambda result: self._answer(src, rid, result))
+        elif kind == REPLY:
+            pending = self._pending.pop(item[1], None)
+            if pending is not None:
+                pending.reply(item[2])
+        elif kind == GONE:
+            self.shard.drop_holder(tuple(item[1]))
+
+    def _answer(self, dst: int, rid: int, result: dict) -> None:
+        fabric = self.hub.fabric
+        if dst in fabric.links:
+            fabric.control(dst, (REPLY, rid, result))
+            self.hub.schedule_flush()
+
+    def peer_reset(self, peer: int) -> None:
+        """``peer`` died: its connections are gone, and requests to it wait for its replacement."""
+        self.shard.drop_worker(peer)
+        for pending in self._pending.values():
+            if pending.owner == peer and not pending.down_since:
+                self._park(pending)
+
+    def peer_ready(self, peer: int) -> None:
+        """``peer``'s replacement answered: it replayed its journal before it started, so send again."""
+        for pending in self._pending.values():
+            if pending.owner == peer and pending.down_since:
+                pending.down_since = 0.0
+                self.hub.fabric.control(peer, pending.item)
+        self.hub.schedule_flush()
+
+    def connection_closed(self, cid: int) -> None:
+        holder = (self.hub.index, cid)
+        for owner in self._used.pop(cid, ()):
+            if owner == self.hub.index:
+                self.shard.drop_holder(holder)
+            elif owner in self.hub.fabric.links:
+                self.hub.fabric.control(owner, (GONE, holder))
+                self.hub.schedule_flush()
+
+    # -- turn and tick --------------------------------------------------------------------------------------
+    def commit(self) -> None:
+        self.shard.commit()
+
+    def tick(self) -> None:
+        self.shard.tick()
+
+    def close(self, graceful: bool) -> None:
+        """The worker exits: journal what is pending.  Without ``queues.data_dir`` the journal lives in the
+        runtime directory, which goes with the broker: say what a stop of the whole broker drops."""
+        shard = self.shard
+        shard.journal.close()
+        kept = self.hub.config.queues.data_dir and self.hub.config.queues.journal
+        messages = sum(len(q.messages) for q in shard.queues.values())
+        if graceful and messages and not kept:
+            log.warning("worker %d stops with %d queued message(s) in %d queue(s); without queues.data_dir they "
+                        "are not kept", self.hub.index, messages, sum(1 for q in shard.queues.values() if q.messages))

@@ -1,0 +1,455 @@
+"""The work queues one worker owns (``router.shardmap``: a queue's owner is its name's owner), behind one entry
+point, ``handle(op, args, holder, reply)``, whichever protocol and worker the request came from.
+
+- One timer for the whole shard (``loop.call_at`` at the earliest due time of any queue; a heap of due times with
+  stale entries skipped): lease expiry, delayed messages and long-poll deadlines.  Never one task per message, and
+  nothing runs while nothing is due.
+- Every change is journaled (``journal``) and replies wait in ``_replies`` until ``commit`` (run at the start of
+  the hub's end-of-turn flush) has written the turn's records: a producer is told ``ok`` only for what is stored.
+- Long polls wait in a FIFO per queue, wherever their clients are; a message wakes the first waiter, and only it.
+- A holder is the connection a request came from, ``(worker, cid)``: leases taken with ``release_on_close`` and
+  waiters are dropped when it closes (``drop_holder``) or its worker dies (``drop_worker``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import heapq
+import logging
+import time
+from typing import Callable
+
+from router.subjects import is_valid_literal
+
+from .journal import Journal
+from .model import DLQ_SUFFIX, MS, Queue, QueueError, Settings, is_dlq, receipt_bytes, receipt_text
+
+log = logging.getLogger("broker.queues")
+
+Reply = Callable[[dict], None]
+MAX_BATCH = 1000
+MAX_WAIT_MS = 300_000
+# Long polls waiting at once: a waiter costs a few hundred bytes, but a client must not be able to add them
+# without end (a NATS connection can send any number of receives).
+MAX_WAITERS_PER_CONNECTION = 1000
+MAX_WAITERS_PER_QUEUE = 100_000
+DEFAULT_PRIORITY = 4
+_COMPACT_MIN = 64 << 20     # rewrite the journal once it is this large and mostly dead records
+
+
+class Waiter:
+    __slots__ = ("reply", "holder", "max", "visibility", "release", "deadline", "done")
+
+    def __init__(self, reply: Reply, holder: tuple, count: int, visibility: int, release: bool,
+                 deadline: int) -> None:
+        self.reply = reply
+        self.holder = holder
+        self.max = count
+        self.visibility = visibility
+        self.release = release
+        self.deadline = deadline
+        self.done = False
+
+
+def _int(args: dict, key: str, default: int, lo: int, hi: int) -> int:
+    value = args.get(key, default)
+    if value is None:
+        return default
+    if type(value) is not int or not lo <= value <= hi:
+        raise QueueError(f"invalid_{key.removesuffix('_ms')}", min=lo, max=hi)
+    return value
+
+
+class Shard:
+    def __init__(self, index: int, settings: Settings, journal: Journal, schedule_flush: Callable[[], None],
+                 max_name: int, configured: dict[str, Settings] | None = None) -> None:
+        self.index = index
+        self.settings = settings
+        self.configured = configured or {}   # configured queues' own settings
+        self.journal = journal
+        self._schedule_flush = schedule_flush
+        self._max_name = max_name
+        self.loop = asyncio.get_running_loop()
+        self.queues: dict[str, Queue] = {}
+        self.waiters: dict[str, collections.deque[Waiter]] = {}
+        self._due: list[tuple[int, str]] = []      # (monotonic ns, queue): look at it then
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0
+        self._replies: list[tuple[Reply, dict]] = []
+        self._holders: dict[tuple, set[str]] = {}  # holder -> queues where it waits or holds release-on-close leases
+        self._waiting: dict[tuple, int] = {}       # holder -> its long polls waiting here
+        self.owns: Callable[[str], bool] = lambda name: True   # whether a queue is placed here (set by the service)
+
+    # -- queues ---------------------------------------------------------------------------------------------
+    def queue(self, name: str) -> Queue:
+        q = self.queues.get(name)
+        if q is None:
+            if type(name) is not str or not is_valid_literal(name, self._max_name):
+                raise QueueError("invalid_queue")
+            settings = self.configured.get(name, self.settings)
+            if is_dlq(name):  # a dead-letter queue never dead-letters: its messages used up their deliveries
+                settings = dataclasses.replace(self.configured.get(name[:-len(DLQ_SUFFIX)], settings),
+                                               max_deliveries=0)
+            q = self.queues[name] = Queue(name, settings, self._at, self.journal.append)
+        return q
+
+    def _at(self, when: int, q: Queue) -> None:
+        heapq.heappush(self._due, (when, q.name))
+        if not self._timer_at or when < self._timer_at:
+            self._arm(when)
+
+    def _arm(self, when: int) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = when
+        # loop.time() is time.monotonic(); the ns deadline is never early once rounded up to the loop's clock
+        self._timer = self.loop.call_at(when / 1e9 + 0.0005, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = 0
+        now = time.monotonic_ns()
+        due = self._due
+        touched: set[str] = set()
+        while due and due[0][0] <= now:
+            touched.add(heapq.heappop(due)[1])
+        for name in touched:
+            q = self.queues.get(name)
+            if q is not None:
+                q.expire(now)
+                self._settle(q, now)
+            self._expire_waiters(name, now)
+        if due:
+            self._arm(due[0][0])
+        self._schedule_flush()
+
+    # -- the entry point ------------------------------------------------------------------------------------
+    def handle(self, op: str, args: dict, holder: tuple, reply: Reply) -> None:
+        """Run one request; ``reply`` gets ``{"ok": True, ...}`` or ``{"ok": False, "error": ..., ...}`` once the
+        records it made are journaled (a long poll: once it has messages or its wait is over)."""
+        handler = _OPS.get(op)
+        try:
+            if handler is None:
+                raise QueueError("unknown_op")
+            result = handler(self, args, holder, reply)
+        except QueueError as exc:
+            result = {"ok": False, "error": exc.code, **exc.extra}
+            if exc.retry:
+                result["retry"] = True
+        if result is not None:
+            self._answer(reply, result)
+
+    def _answer(self, reply: Reply, result: dict) -> None:
+        self._replies.append((reply, result))
+        self._schedule_flush()
+
+    def commit(self) -> None:
+        """End of the turn: journal what changed, then let the replies go (they leave in the same flush)."""
+        if self.journal.dirty:
+            self.journal.commit()
+        if self._replies:
+            replies, self._replies = self._replies, []
+            for reply, result in replies:
+                reply(result)
+
+    # -- operations -----------------------------------------------------------------------------------------
+    def _push(self, args: dict, holder: tuple, reply: Reply) -> dict:
+        q = self.queue(args.get("queue"))
+        token = args.get("token")
+        if token is not None:
+            token = tuple(token)
+            stored = q.tokens.get(token)
+            if stored is not None:  # sent again after a crash, and the first one was journaled: one copy
+                return self._pushed(q, stored, args)
+        data, kind = args.get("data", b""), args.get("kind", 0)
+        priority = _int(args, "priority", DEFAULT_PRIORITY, 0, 9)
+        delay = _int(args, "delay_ms", 0, 0, self.settings.max_delay_ms)
+        q.check_push(len(data), priority, delay)
+        now = time.monotonic_ns()
+        msg = q.push(kind, data, priority, now, time.time_ns(), delay, token=token)
+        if not delay:
+            self._serve(q, now)
+        return self._pushed(q, msg.id, args)
+
+    @staticmethod
+    def _pushed(q: Queue, msg_id: str, args: dict) -> dict:
+        """A push's result; ``report_visible`` (qlite's PUSH answers with it) adds the visible count after it."""
+        if args.get("report_visible"):
+            return {"ok": True, "id": msg_id, "visible": q.visible}
+        return {"ok": True, "id": msg_id}
+
+    def _recv(self, args: dict, holder: tuple, reply: Reply) -> dict | None:
+        q = self.queue(args.get("queue"))
+        count = _int(args, "max", 1, 1, MAX_BATCH)
+        wait = _int(args, "wait_ms", 0, 0, MAX_WAIT_MS)
+        visibility = _int(args, "visibility_ms", q.settings.visibility_ms, 0, q.settings.max_visibility_ms)
+        release = bool(args.get("release_on_close", False))
+        now = time.monotonic_ns()
+        if q.visible or not self.waiters.get(q.name):  # else earlier waiters first: arrival order, all workers
+            got = self._lease(q, count, visibility, release, holder, now)
+            if got or not wait:
+                return {"ok": True, "messages": got}
+        queued = self.waiters.setdefault(q.name, collections.deque())
+        if self._waiting.get(holder, 0) >= MAX_WAITERS_PER_CONNECTION or len(queued) >= MAX_WAITERS_PER_QUEUE:
+            raise QueueError("too_many_waiters", retry=True)
+        waiter = Waiter(reply, holder, count, visibility, release, now + wait * MS)
+        queued.append(waiter)
+        self._waiting[holder] = self._waiting.get(holder, 0) + 1
+        self._holders.setdefault(holder, set()).add(q.name)
+        self._at(waiter.deadline, q)
+        return None
+
+    def _lease(self, q: Queue, count: int, visibility: int, release: bool, holder: tuple, now: int) -> list[dict]:
+        wall = time.time_ns()
+        out = []
+        while len(out) < count:
+            lease = q.lease(now, wall, visibility, holder if release else None)
+            if lease is None:
+                break
+            msg = lease.message
+            out.append({"id": msg.id, "receipt": receipt_text(lease.receipt), "kind": msg.kind, "data": msg.data,
+                        "deliveries": msg.deliveries, "priority": msg.priority,
+                        "enqueued_at": msg.enqueued_at // MS, **({"dead_reason": msg.dead_reason,
+                                                                  "source": msg.source} if msg.dead_reason else {})})
+        if release and out:
+            self._holders.setdefault(holder, set()).add(q.name)
+        return out
+
+    def _serve(self, q: Queue, now: int) -> None:
+        """Visible messages and waiting receivers: the first waiter first, each served once."""
+        queued = self.waiters.get(q.name)
+        while queued and q.visible:
+            w = queued.popleft()
+            if not w.done:
+                self._finish(w, self._lease(q, w.max, w.visibility, w.release, w.holder, now))
+        if queued is not None and not queued:
+            del self.waiters[q.name]
+
+    def _finish(self, w: Waiter, messages: list[dict]) -> None:
+        w.done = True
+        left = self._waiting[w.holder] - 1
+        if left:
+            self._waiting[w.holder] = left
+        else:
+            del self._waiting[w.holder]
+        self._answer(w.reply, {"ok": True, "messages": messages})
+
+    def _expire_waiters(self, name: str, now: int) -> None:
+        queued = self.waiters.get(name)
+        if not queued:
+            return
+        keep = collections.deque()
+        for w in queued:
+            if w.done:
+                continue
+            if w.deadline <= now:
+                self._finish(w, [])
+            else:
+                keep.append(w)
+        if keep:
+            self.waiters[name] = keep
+        else:
+            del self.waiters[name]
+
+    def _receipts(self, args: dict) -> list[bytes | None]:
+        many = args.get("receipts")
+        if many is None:
+            return [receipt_bytes(args.get("receipt"))]
+        if type(many) is not list or not 1 <= len(many) <= MAX_BATCH:
+            raise QueueError("invalid_receipts", max=MAX_BATCH)
+        return [receipt_bytes(r) for r in many]
+
+    def _existing(self, args: dict) -> Queue:
+        name = args.get("queue")
+        q = self.queues.get(name) if type(name) is str else None
+        if q is None:
+            self.queue(name)  # validates the name (an invalid one raises); a valid one just has nothing yet
+            raise QueueError("unknown_receipt")
+        return q
+
+    def _ack(self, args: dict, holder: tuple, reply: Reply) -> dict:
+        receipts = self._receipts(args)
+        q = self._existing(args)
+        now = time.monotonic_ns()
+        results = []
+        for receipt in receipts:
+            try:
+                if receipt is None:
+                    raise QueueError("invalid_receipt")
+                results.append({"ok": True, **q.ack(receipt, now)})
+            except QueueError as exc:
+                results.append({"ok": False, "error": exc.code, **exc.extra})
+        self._settle(q, now)
+        if "receipts" in args:
+            return {"ok": True, "results": results}
+        return results[0]
+
+    def _one(self, args: dict) -> tuple[Queue, bytes, int]:
+        receipt = receipt_bytes(args.get("receipt"))
+        if receipt is None:
+            raise QueueError("invalid_receipt")
+        return self._existing(args), receipt, time.monotonic_ns()
+
+    def _extend(self, args: dict, holder: tuple, reply: Reply) -> dict:
+        q, receipt, now = self._one(args)
+        deadline = q.extend(receipt, now, args.get("visibility_ms"))  # none given: the lease's own again
+        self._settle(q, now)
+        return {"ok": True, "deadline_in_ms": max(0, (deadline - now) // MS)}
+
+    def _nack(self, args: dict, holder: tuple, reply: Reply) -> dict:
+        q, receipt, now = self._one(args)
+        went = q.nack(receipt, now, args.get("delay_ms", 0) or 0)
+        self._settle(q, now)
+        return {"ok": True, "state": went}
+
+    def _dead(self, args: dict, holder: tuple, reply: Reply) -> dict:
+        q, receipt, now = self._one(args)
+        q.terminate(receipt, now)
+        self._settle(q, now)
+        return {"ok": True}
+
+    def _stat(self, args: dict, holder: tuple, reply: Reply) -> dict:
+        name = args.get("queue")
+        q = self.queues.get(name) if type(name) is str else None
+        if q is None:
+            q = self.queue(name)  # validates; an unknown valid name reads as an empty queue
+        if args.get("brief"):  # the counts only, in O(1) (qlite's LEN): no scan for the oldest message
+            return {"ok": True, "stat": {"queue": q.name, "visible": q.visible, "in_flight": q.in_flight,
+                                         "delayed": q.delayed, "messages": len(q.messages)}}
+        return {"ok": True, "stat": self._stat_of(q, time.time_ns())}
+
+    def _stat_of(self, q: Queue, wall: int) -> dict:
+        stat = q.stat(wall)
+        stat["waiters"] = sum(1 for w in self.waiters.get(q.name, ()) if not w.done)
+        stat["owner"] = self.index
+        return stat
+
+    def _purge(self, args: dict, holder: tuple, reply: Reply) -> dict:
+        q = self.queue(args.get("queue"))
+        return {"ok": True, "purged": q.purge()}
+
+    def _redrive(self, args: dict, holder: tuple, reply: Reply) -> dict:
+        """Move dead letters back: from ``queue`` (a DLQ) to ``to``, which must be owned here too, or by default
+        to the queue each came from (``<queue>`` of ``<queue>.dlq``: the same name hashes elsewhere, so the
+        caller routes redrives of other shards' queues as pushes; here only the same-shard case is done)."""
+        src = self.queue(args.get("queue"))
+        if not is_dlq(src.name):
+            raise QueueError("not_a_dlq")
+        target_name = args.get("to") or src.name[:-len(DLQ_SUFFIX)]
+        if not self.owns(target_name):
+            raise QueueError("target_elsewhere")  # docs/queues.md: redrive to the source, or a queue placed with it
+        target = self.queue(target_name)
+        count = _int(args, "max", MAX_BATCH, 1, 1_000_000)
+        # no more than the target can take: a redrive never overfills a queue
+        room_bytes = target.settings.max_bytes - target.bytes
+        count = min(count, target.settings.max_messages - len(target.messages))
+        picked = []
+        for msg in src.peek_visible(count):
+            room_bytes -= len(msg.data)
+            if room_bytes < 0:
+                break
+            picked.append(msg)
+        now, wall = time.monotonic_ns(), time.time_ns()
+        moved = src.take(picked)
+        for msg in moved:
+            target.push(msg.kind, msg.data, msg.priority, now, wall, 0, msg_id=msg.id, enqueued_at=msg.enqueued_at,
+                        redriven=msg.redriven + 1)
+        self._serve(target, now)
+        return {"ok": True, "moved": len(moved)}
+
+    # -- dead letters and holders ---------------------------------------------------------------------------
+    def _settle(self, q: Queue, now: int) -> None:
+        """Move what ``q`` dead-lettered to its DLQ, and give freed messages to waiters."""
+        if q.dead:
+            dead, q.dead = q.dead, []
+            dlq = self.queue(q.name + DLQ_SUFFIX) if not is_dlq(q.name) else None
+            wall = time.time_ns()
+            for msg, reason in dead:
+                if dlq is None:  # a DLQ's own dead letters stay where they are: back to visible, never dropped
+                    q.push(msg.kind, msg.data, msg.priority, now, wall, 0, msg_id=msg.id,
+                           enqueued_at=msg.enqueued_at, deliveries=msg.deliveries, reason=reason, source=msg.source)
+                    continue
+                dlq.push(msg.kind, msg.data, msg.priority, now, wall, 0, msg_id=msg.id, enqueued_at=msg.enqueued_at,
+                         deliveries=msg.deliveries, reason=reason, source=q.name)
+            if dlq is not None:
+                self._serve(dlq, now)
+        if q.visible:
+            self._serve(q, now)
+
+    def drop_holder(self, holder: tuple) -> None:
+        """The connection ``holder`` closed: its waiters go, and its release-on-close leases come back."""
+        names = self._holders.pop(holder, ())
+        now = time.monotonic_ns()
+        for name in names:
+            for w in self.waiters.get(name, ()):
+                if w.holder == holder and not w.done:
+                    self._finish(w, [])  # nobody reads it; the asking worker forgets the request
+            q = self.queues.get(name)
+            if q is not None and q.release_holder(holder):
+                self._settle(q, now)
+        if names:
+            self._schedule_flush()
+
+    def drop_worker(self, worker: int) -> None:
+        """Worker ``worker`` died: every connection it held is gone."""
+        for holder in [h for h in self._holders if h[0] == worker]:
+            self.drop_holder(holder)
+
+    # -- start-up and housekeeping --------------------------------------------------------------------------
+    def replay(self) -> int:
+        """Rebuild the queues from the journal (a replaced worker): leases resume with their remaining time,
+        and whatever fell due while the worker was down is handled now.  -> records replayed."""
+        count = 0
+        for name, record in self.journal.replay():
+            try:
+                self.queue(name).apply(record)
+            except (KeyError, ValueError, TypeError) as exc:
+                log.error("journal record %r of queue %r not applicable (%s); skipped", record[:2], name, exc)
+            count += 1
+        now = time.monotonic_ns()
+        for q in self.queues.values():
+            q.dead.clear()   # their DLQ pushes are records of their own, replayed already
+            q.expire(now)
+            self._settle(q, now)
+        if count:
+            self.compact(force=True)
+        return count
+
+    def compact(self, force: bool = False) -> None:
+        """Rewrite the journal as the live state once it is large and mostly records of what is gone."""
+        journal = self.journal
+        if journal.dirty:
+            journal.commit()
+        live = sum(q.bytes + 96 * (len(q.messages) + len(q.leases)) for q in self.queues.values())
+        if force or (journal.size >= _COMPACT_MIN and live * 2 < journal.size):
+            journal.rewrite(self._snapshot())
+
+    def _snapshot(self):
+        for q in self.queues.values():
+            for msg in sorted(q.messages.values(), key=lambda m: m.seq):
+                # a leased message is pushed as leased (ready_at -1: in no heap), then its lease follows
+                yield q.name, ("push", msg.seq, msg.id, msg.kind, msg.data, msg.priority, msg.enqueued_at,
+                               msg.ready_at if msg.lease is None else -1, msg.deliveries - (1 if msg.lease else 0),
+                               msg.dead_reason, msg.source, msg.redriven, None)
+                lease = msg.lease
+                if lease is not None:
+                    yield q.name, ("lease", msg.seq, lease.receipt, lease.granted, lease.deadline,
+                                   lease.visibility, msg.first_received)
+
+    def tick(self) -> None:
+        """About once a second: fsync per policy, and compact when it pays."""
+        self.journal.tick()
+        self.compact()
+
+    def stats(self, name: str | None = None) -> list[dict]:
+        """``qstat`` of every queue here (or of ``name``), for /queuez."""
+        wall = time.time_ns()
+        return [self._stat_of(q, wall) for q in self.queues.values() if not name or q.name == name]
+
+
+_OPS: dict[str, Callable] = {
+    "push": Shard._push, "recv": Shard._recv, "ack": Shard._ack, "extend": Shard._extend, "nack": Shard._nack,
+    "dead": Shard._dead, "stat": Shard._stat, "purge": Shard._purge, "redrive": Shard._redrive,
+}
