@@ -437,3 +437,47 @@ def test_unencodable_record_raises_in_append(tmp_path):
         j.append("q", ("push", object()))
     assert not j.dirty
     j.close()
+
+
+def test_a_journal_from_another_boot_ends_leases_and_keeps_delays_by_the_wall_clock(tmp_path):
+    """A kept data_dir replayed after a reboot: monotonic deadlines of the old boot mean nothing."""
+    import asyncio
+    import time
+
+    from workers.workqueues.model import MS, Settings
+    from workers.workqueues.shard import Shard
+
+    path = str(tmp_path / "q.journal")
+
+    async def write_then_replay():
+        journal = Journal(path)
+        shard = Shard(0, Settings(), journal, lambda: None, 256)
+        shard.replay()
+        q = shard.queue("jobs")
+        now, wall = time.monotonic_ns(), time.time_ns()
+        q.push(0, b"leased", 4, now, wall, 0)
+        q.push(0, b"delayed", 4, now, wall, 60_000)          # due in a minute
+        lease = q.lease(now, wall, 3_600_000, None)          # an hour's lease
+        journal.commit()
+        # the same journal as if written on another boot of the machine
+        journal.close()
+        records = list(Journal(path).replay())
+        rewritten = Journal(str(tmp_path / "other.journal"))
+        for name, record in records:
+            if not name:
+                record = ("clock", "another-boot", record[2], record[3])
+            rewritten.append(name, record)
+        rewritten.commit()
+        rewritten.close()
+        fresh = Shard(0, Settings(), Journal(str(tmp_path / "other.journal")), lambda: None, 256)
+        fresh.replay()
+        return fresh.queue("jobs"), lease.receipt
+
+    q, receipt = asyncio.run(write_then_replay())
+    assert q.in_flight == 0 and q.visible == 1 and q.delayed == 1
+    msg = next(m for m in q.messages.values() if m.data == b"leased")
+    assert msg.deliveries == 1                               # the lease ended, its delivery counted
+    delayed = next(m for m in q.messages.values() if m.data == b"delayed")
+    left_ms = (delayed.ready_at - time.monotonic_ns()) // MS
+    assert 50_000 < left_ms <= 60_000                        # still about a minute, by the wall clock
+    assert receipt not in q.leases

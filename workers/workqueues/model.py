@@ -133,7 +133,9 @@ class Queue:
         self._delayed: list[tuple[int, int, Message]] = []   # (ready_at, seq, message); stale entries skipped
         self.leases: dict[bytes, Lease] = {}
         self._deadlines: list[tuple[int, bytes]] = []        # (deadline, receipt); stale entries skipped
-        self._recent: collections.OrderedDict[bytes, tuple[str, Message]] = collections.OrderedDict()
+        # receipt -> (what became of it, the message's seq, its deliveries then): no Message kept, so an acked
+        # message's data is freed at once
+        self._recent: collections.OrderedDict[bytes, tuple[str, int, int]] = collections.OrderedDict()
         self.dead: list[tuple[Message, str]] = []   # dead-lettered here, for the shard to push to the DLQ
         self.tokens: collections.OrderedDict[tuple, str] = collections.OrderedDict()   # push token -> message id
         self.next_seq = 1
@@ -162,13 +164,13 @@ class Queue:
     def apply(self, record: tuple) -> None:
         kind = record[0]
         if kind == "push":
-            (_, seq, msg_id, kind, data, priority, enqueued_at, ready_at, deliveries, reason, source, redriven,
-             token) = record
+            (_, seq, msg_id, data_kind, data, priority, enqueued_at, ready_at, deliveries, reason, source,
+             redriven, token) = record
             if token is not None:
                 self.tokens[token] = msg_id
                 if len(self.tokens) > _RECENT_TOKENS:
                     self.tokens.popitem(last=False)
-            msg = Message(seq, msg_id, kind, data, priority, enqueued_at, ready_at)
+            msg = Message(seq, msg_id, data_kind, data, priority, enqueued_at, ready_at)
             msg.deliveries, msg.dead_reason, msg.source, msg.redriven = deliveries, reason, source, redriven
             self.messages[seq] = msg
             self.next_seq = max(self.next_seq, seq + 1)
@@ -270,7 +272,7 @@ class Queue:
 
     def _remember(self, receipt: bytes, fate: str, msg: Message) -> None:
         recent = self._recent
-        recent[receipt] = (fate, msg)
+        recent[receipt] = (fate, msg.seq, msg.deliveries)
         if len(recent) > _RECENT_RECEIPTS:
             recent.popitem(last=False)
 
@@ -322,10 +324,11 @@ class Queue:
         fate = self._recent.get(receipt)
         if fate is None:
             raise QueueError("unknown_receipt")
-        what, msg = fate
+        what, seq, deliveries = fate
         if what == "lost":  # with the message's deliveries as they are now (it may have been leased again since)
             self.stale_receipts += 1
-            raise QueueError("lease_lost", deliveries=msg.deliveries)
+            msg = self.messages.get(seq)
+            raise QueueError("lease_lost", deliveries=msg.deliveries if msg is not None else deliveries)
         raise QueueError("already_acked" if what == "acked" else what)
 
     def ack(self, receipt: bytes, now: int) -> dict:
@@ -391,7 +394,7 @@ class Queue:
         delayed = self._delayed
         while delayed and delayed[0][0] <= now:
             ready_at, _, msg = heapq.heappop(delayed)
-            if msg.ready_at == ready_at and msg.lease is None and msg.seq in self.messages:
+            if msg.ready_at == ready_at and msg.lease is None and self.messages.get(msg.seq) is msg:
                 msg.ready_at = 0
                 heapq.heappush(self._ready, (-msg.priority, msg.seq, msg))
         deadlines = self._deadlines

@@ -39,6 +39,20 @@ DEFAULT_PRIORITY = 4
 _COMPACT_MIN = 64 << 20     # rewrite the journal once it is this large and mostly dead records
 
 
+def _boot_id() -> str:
+    """This boot of the machine (Linux): monotonic deadlines from another boot mean nothing."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def _clock() -> tuple:
+    """The shard's journal record of the clocks its deadlines are taken on."""
+    return ("clock", _boot_id(), time.monotonic_ns(), time.time_ns())
+
+
 class Waiter:
     __slots__ = ("reply", "holder", "max", "visibility", "release", "deadline", "done")
 
@@ -402,12 +416,18 @@ class Shard:
         """Rebuild the queues from the journal (a replaced worker): leases resume with their remaining time,
         and whatever fell due while the worker was down is handled now.  -> records replayed."""
         count = 0
+        clock = None
         for name, record in self.journal.replay():
+            count += 1
+            if not name:  # the shard's own: the clock the deadlines were taken on
+                clock = record if record[0] == "clock" else clock
+                continue
             try:
                 self.queue(name).apply(record)
             except (KeyError, ValueError, TypeError) as exc:
                 log.error("journal record %r of queue %r not applicable (%s); skipped", record[:2], name, exc)
-            count += 1
+        if clock is not None and clock[1] != _boot_id():
+            self._rebase(clock)
         now = time.monotonic_ns()
         for q in self.queues.values():
             q.dead.clear()   # their DLQ pushes are records of their own, replayed already
@@ -415,7 +435,28 @@ class Shard:
             self._settle(q, now)
         if count:
             self.compact(force=True)
+        else:
+            self.journal.append("", _clock())
         return count
+
+    def _rebase(self, clock: tuple) -> None:
+        """The journal was written before a reboot (a kept ``data_dir``): its monotonic deadlines mean nothing
+        now.  Leases end (their messages visible again, deliveries kept: nobody can still hold them); delayed
+        messages keep the wall-clock time they had left."""
+        _, _, then_mono, then_wall = clock
+        now_mono, now_wall = time.monotonic_ns(), time.time_ns()
+        for q in self.queues.values():
+            for receipt in list(q.leases):
+                q.apply(("requeue", receipt, 0))
+            for msg in [m for m in q.messages.values() if m.ready_at > 0]:
+                if msg.ready_at > 0:
+                    left = msg.ready_at - then_mono - (now_wall - then_wall)
+                    q.apply(("take", [msg.seq]))  # out of the heaps, and back in with the new due time
+                    q.apply(("push", msg.seq, msg.id, msg.kind, msg.data, msg.priority, msg.enqueued_at,
+                             now_mono + max(left, 0) if left > 0 else 0, msg.deliveries, msg.dead_reason,
+                             msg.source, msg.redriven, None))
+        log.warning("worker %d: queues journaled before a reboot: their leases ended, delays carried over by the "
+                    "wall clock", self.index)
 
     def compact(self, force: bool = False) -> None:
         """Rewrite the journal as the live state once it is large and mostly records of what is gone."""
@@ -427,6 +468,7 @@ class Shard:
             journal.rewrite(self._snapshot())
 
     def _snapshot(self):
+        yield "", _clock()
         for q in self.queues.values():
             for msg in sorted(q.messages.values(), key=lambda m: m.seq):
                 # a leased message is pushed as leased (ready_at -1: in no heap), then its lease follows
