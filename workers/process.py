@@ -39,14 +39,13 @@ from .hub import Hub
 from .nats import NatsSession
 from .ndjson import NdjsonSession
 from . import workqueues
-from .workqueues.qlite import QliteSession
 
 log = logging.getLogger("broker.worker")
 
 EXIT_BOOT_FAILED = 3
 ORPHAN_CLOSE_WAIT = 0.2  # seconds an orphaned worker gives its closes to reach the kernel before it exits
 
-SESSIONS = {"ndjson": NdjsonSession, "nats": NatsSession, "bridge": BridgeSession, "qlite": QliteSession}
+SESSIONS = {"ndjson": NdjsonSession, "nats": NatsSession, "bridge": BridgeSession}  # + qlite when enabled
 
 
 def main(index: int, epoch: int, workers: int, config: Config, runtime_dir: str, ctl_sock: socket.socket,
@@ -139,6 +138,10 @@ class Worker:
         self.hub.supervisor_request = self._request
         self.hub.auth_failed = lambda address: self.ctl.send({"k": "auth_fail", "ip": address})
         self.hub.queue_service = workqueues.start(self.index, cfg, self.runtime_dir, self.hub)
+        if cfg.qlite.enabled:  # imported only then: a worker's imports are most of its start-up
+            from .workqueues.qlite import QliteSession
+
+            SESSIONS["qlite"] = QliteSession
         self.hub.fabric = Fabric(self.index, self.workers, self.epoch, self.runtime_dir, self.hub,
                                  hwm=cfg.fabric.hwm, window_bytes=cfg.fabric.window_bytes,
                                  stall_timeout=cfg.fabric.stall_timeout)
