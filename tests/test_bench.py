@@ -17,7 +17,8 @@ def servers_started_since(t0: float) -> list:
     for proc in psutil.process_iter(["create_time", "cmdline", "status"]):
         cmd = " ".join(proc.info["cmdline"] or [])
         if proc.info["create_time"] >= t0 and proc.info["status"] != psutil.STATUS_ZOMBIE and (
-                "nats-server" in cmd or "redis-server" in cmd or "cli start" in cmd or "spawn_main" in cmd):
+                "nats-server" in cmd or "redis-server" in cmd or "cli start" in cmd or "spawn_main" in cmd
+                or "broker-worker" in cmd):
             found.append(cmd)
     return found
 
@@ -52,3 +53,33 @@ def test_generator_check():
     assert {(line[0], line[1]) for line in lines} == {(w, r) for w in ("nats", "ndjson", "redis")
                                                       for r in ("publish", "subscribe")}
     assert all(int(line[2].replace(",", "")) > 0 for line in lines)
+
+
+def test_tiny_queue_bench(tmp_path):
+    """The work-queue scenarios: this broker with and without its journal, and Redis Streams when installed; every
+    acknowledged push stored or acked exactly once."""
+    t0 = time.time() - 1
+    peers = ["redis"] if find_binary("redis-server") else []
+    res = subprocess.run(
+        [sys.executable, "-m", "cli", "bench", "-s", "qpush,qwork1,qwork8,qlatency", "--rounds", "1",
+         "--duration", "0.3", "--peers", ",".join(peers) or "none", "--workers", "2", "--out", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "queue push" in res.stdout and "queue latency" in res.stdout
+    result = json.loads(next(tmp_path.glob("bench-*.json")).read_text())
+    targets = {"shardbroker/ndjson", "shardbroker/ndjson-nojournal"} | ({"redis"} if peers else set())
+    rows = {(row["scenario"], row["target"]): row for row in result["summary"]}
+    assert set(rows) == {(s, t) for s in ("qpush", "qwork1", "qwork8", "qlatency") for t in targets}
+    for row in rows.values():
+        assert row["msgs_per_sec"] > 0 and row["expected"] > 0 and row["loss"] == 0, row
+        assert row["duplicates"] == 0 and row["refused"] == 0, row
+    assert rows["qlatency", "shardbroker/ndjson"]["latency_us"]["samples"] > 0
+    for run in result["runs"]:
+        if run["target"].startswith("shardbroker") and run["scenario"] != "qpush":
+            # consumers on another worker than the queue's owner, the producer on it
+            assert run["owner"] not in run["consumer_workers"] and run["producer_workers"] == [run["owner"]], run
+        if run["scenario"] != "qpush":
+            assert run["left"]["pending"] == 0 and run["delivered"] == run["expected"], run
+    if peers:
+        assert rows["qwork1", "shardbroker/ndjson"]["vs_redis"] > 0 and "goal" in rows["qwork1", "shardbroker/ndjson"]
+    assert not servers_started_since(t0), "the bench left servers running"

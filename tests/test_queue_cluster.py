@@ -213,3 +213,75 @@ def test_bad_queue_definitions_are_refused_at_start(start_broker):
             assert text in str(exc) and "exited with 2" in str(exc)
         else:
             raise AssertionError(f"started with {queues}")
+
+
+def test_expiry_is_never_early_and_an_idle_shard_does_not_spin(start_broker):
+    """A lease lapses no earlier than its deadline; with leases, delays and long polls pending far ahead, the
+    workers use (almost) no CPU: one timer per shard, no polling loop."""
+    import psutil
+
+    broker = start_broker(workers=2)
+
+    async def run():
+        c = await Conn.open(broker.port)
+        waiter = await Conn.open(broker.port)
+        for i in range(500):
+            await c.request({"op": "qpush", "queue": f"idle.{i % 10}", "data": i})
+        for i in range(10):
+            got = await c.request({"op": "qrecv", "queue": f"idle.{i}", "max": 50, "visibility_ms": 3_600_000})
+            assert len(got["messages"]) == 50
+        await c.request({"op": "qpush", "queue": "idle.later", "data": 0, "delay_ms": 3_600_000})
+        waiter.writer.write(b'{"op":"qrecv","queue":"idle.none","wait_ms":60000}\n')
+        workers = [psutil.Process(p) for p in broker.pids]
+        before = [sum(w.cpu_times()[:2]) for w in workers]
+        await asyncio.sleep(2.0)
+        used = [sum(w.cpu_times()[:2]) - b for w, b in zip(workers, before)]
+        assert max(used) < 0.1, f"idle workers used {used} s of CPU in 2 s"
+        # never early: a 300 ms lease is not given to anyone else before 300 ms have passed
+        await c.request({"op": "qpush", "queue": "idle.early", "data": "x"})
+        t0 = time.monotonic()
+        first = await c.request({"op": "qrecv", "queue": "idle.early", "visibility_ms": 300})
+        assert len(first["messages"]) == 1
+        again = await c.request({"op": "qrecv", "queue": "idle.early", "wait_ms": 5000})
+        waited = time.monotonic() - t0
+        assert again["messages"][0]["deliveries"] == 2 and waited >= 0.3, waited
+        c.close()
+        waiter.close()
+
+    asyncio.run(run())
+
+
+def test_client_consume_extends_leases_acks_and_nacks(start_broker):
+    """cli.client's consume(): a handler slower than the visibility timeout keeps its message (the lease is
+    extended while it runs); a return acks, an exception nacks."""
+    from cli.client import AsyncClient
+
+    broker = start_broker(workers=2)
+
+    async def run():
+        c = await AsyncClient.connect("127.0.0.1", broker.port)
+        other = await AsyncClient.connect("127.0.0.1", broker.port)
+        for n in ("slow", "fail", "ok"):
+            await c.qpush("consume.jobs", n)
+        seen = []
+        stop = asyncio.Event()
+
+        async def handler(msg):
+            seen.append((msg.data, msg.deliveries))
+            if msg.data == "slow":
+                await asyncio.sleep(0.7)                 # over twice the 300 ms visibility: kept by extensions
+            elif msg.data == "fail" and msg.deliveries == 1:
+                raise RuntimeError("first try fails")
+            if len(seen) >= 4:
+                stop.set()
+
+        acked = await c.consume("consume.jobs", handler, visibility_ms=300, wait_ms=200, stop=stop)
+        assert acked == 3
+        # a nacked message goes back where it was (by its sequence), ahead of "ok"
+        assert seen == [("slow", 1), ("fail", 1), ("fail", 2), ("ok", 1)]
+        stat = await other.qstat("consume.jobs")
+        assert (stat["messages"], stat["acked"], stat["nacked"], stat["extended"] >= 1) == (0, 3, 1, True)
+        await c.close()
+        await other.close()
+
+    asyncio.run(run())

@@ -6,7 +6,8 @@ Phases (one command each, answered when done):
 - ``run``: publishers send pre-encoded, pipelined frames until the deadline (or at a fixed rate, with send times
   in the payload); subscribers count deliveries by a marker, without decoding them, until the stream has been
   quiet for a moment after the deadline;
-- ``close``.
+- ``close``;
+- ``qconnect``, ``qrun``: the same for the work-queue scenarios (``qload``).
 Everything is plain non-blocking sockets under ``selectors``: nothing here competes with the broker for the CPU
 more than it must.
 """
@@ -21,6 +22,7 @@ from multiprocessing.connection import Connection
 
 import orjson
 
+from .qload import QueueLoad
 from .wire import STAMP, WIRES, Counter, payload
 
 _QUIET = 0.75          # seconds without deliveries, after the publishers stop, that end a run
@@ -48,6 +50,7 @@ class Generator:
         self.subs: list[socket.socket] = []
         self.wire = None
         self._info: dict[socket.socket, dict] = {}   # what each NATS connection was told in INFO
+        self.queues = QueueLoad()
 
     # -- connect --------------------------------------------------------------------------------------------
     def connect(self, host: str, port: int, wire: str, pubs: int, subs: int, ids: bool) -> dict:
@@ -226,7 +229,15 @@ class Generator:
             _read_until(sock, answer)
         return {"seconds": time.monotonic() - started}
 
+    # -- work queues ----------------------------------------------------------------------------------------
+    def qconnect(self, **kwargs) -> dict:
+        return self.queues.connect(**kwargs)
+
+    def qrun(self, **kwargs) -> dict:
+        return self.queues.run(**kwargs)
+
     def close(self) -> dict:
+        self.queues.close()
         for sock in self.pubs + self.subs:
             try:
                 sock.close()

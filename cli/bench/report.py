@@ -8,7 +8,8 @@ import os
 
 def table(result: dict) -> str:
     lines = []
-    header = f"{'scenario':34} {'target':20} {'result':>28} {'loss':>8} {'vs nats':>8} {'vs redis':>8}  goal"
+    width = max([20] + [len(row["target"]) for row in result["summary"]])
+    header = f"{'scenario':34} {'target':{width}} {'result':>28} {'loss':>8} {'vs nats':>8} {'vs redis':>8}  goal"
     lines.append(header)
     lines.append("-" * len(header) + "-" * 30)
     for row in result["summary"]:
@@ -22,13 +23,15 @@ def table(result: dict) -> str:
         else:
             value = f"{row['msgs_per_sec']:,.0f} msg/s"
             loss = f"{row['loss']:,}"
+        if row.get("duplicates"):
+            loss += f" +{row['duplicates']:,} dup"
         ratio = lambda key: f"{row[key]:.2f}x" if row.get(key) is not None else ""  # noqa: E731
         goal = ""
         if "goal" in row:
             g = row["goal"]
             sign = "≤" if row["kind"] == "latency" else "≥"
             goal = f"{sign}{g['target']}x {g['vs']}: {'met' if g['met'] else 'MISSED'}"
-        lines.append(f"{row['title'][:34]:34} {row['target']:20} {value:>28} {loss:>8} {ratio('vs_nats'):>8} "
+        lines.append(f"{row['title'][:34]:34} {row['target']:{width}} {value:>28} {loss:>8} {ratio('vs_nats'):>8} "
                      f"{ratio('vs_redis'):>8}  {goal}")
     servers = ", ".join(f"{k} {v}" for k, v in result["servers"].items())
     m = result["machine"]
@@ -56,9 +59,10 @@ def chart(result: dict, path: str) -> bool:
         return False
     rows = result["summary"]
     through = [r for r in rows if r["kind"] == "throughput"]
-    latency = [r for r in rows if r["kind"] == "latency"]
+    latencies = [[r for r in rows if r["kind"] == "latency" and r["scenario"] == name]
+                 for name in dict.fromkeys(r["scenario"] for r in rows if r["kind"] == "latency")]
     conns = [r for r in rows if r["kind"] == "connections"]
-    panels = [p for p in (through, latency, conns) if p]
+    panels = [p for p in (through, *latencies, conns) if p]
     fig, axes = plt.subplots(len(panels), 1, figsize=(11, 4 * len(panels)), squeeze=False)
     axes = [a[0] for a in axes]
     targets = sorted({r["target"] for r in rows})
@@ -68,9 +72,9 @@ def chart(result: dict, path: str) -> bool:
         ax = next(ax_iter)
         titles = list(dict.fromkeys(r["title"] for r in through))
         _bars(ax, titles, targets, colors, {(r["title"], r["target"]): r["msgs_per_sec"] for r in through})
-        ax.set_ylabel("delivered messages / s")
+        ax.set_ylabel("messages / s (delivered; queues: pushed, acked)")
         ax.set_title("Throughput (higher is better)")
-    if latency:
+    for latency in latencies:
         ax = next(ax_iter)
         keys = ["p50", "p99", "p99.9"]
         _bars(ax, keys, targets, colors, {(k, r["target"]): r["latency_us"][k] for r in latency for k in keys})

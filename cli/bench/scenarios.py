@@ -4,18 +4,25 @@ Every scenario runs against every target in each round, the targets in a rotated
 of the machine (thermal, other load) falls on all of them alike; the report takes the median over rounds and the
 ratio to nats-server measured in the same run.  The load comes from a pool of generator processes
 (``loadgen``), reused across runs.
+
+The work-queue scenarios (``qpush``, ``qwork1``, ``qwork8``, ``qdrain1``, ``qdrain8``, ``qlatency``; ``qload``) run on
+the targets that have queues: this broker over NDJSON, the same broker with its queue journal off (a second
+instance, started only for them), and Redis Streams with a consumer group.  Each run uses a fresh queue, checks afterwards that every acknowledged push
+was stored (``qpush``) or acked exactly once (the others), and removes the queue.
 """
 
 from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import statistics
+import tempfile
 import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
 
-from . import loadgen, servers
+from . import loadgen, qload, servers
 
 
 @dataclass(frozen=True)
@@ -23,14 +30,19 @@ class Target:
     label: str
     server: str     # which Server
     wire: str       # which protocol
+    pubsub: bool = True     # runs the pub/sub scenarios
+    queues: bool = False    # runs the work-queue scenarios
 
 
 ALL_TARGETS = [
     Target("shardbroker/nats", "shardbroker", "nats"),
-    Target("shardbroker/ndjson", "shardbroker", "ndjson"),
+    Target("shardbroker/ndjson", "shardbroker", "ndjson", queues=True),
+    Target("shardbroker/ndjson-nojournal", "shardbroker-nojournal", "ndjson", pubsub=False, queues=True),
     Target("nats-server", "nats-server", "nats"),
-    Target("redis", "redis", "redis"),
+    Target("redis", "redis", "redis", queues=True),
 ]
+OURS = ("shardbroker", "shardbroker-nojournal")
+QUEUE_RATE = 2000.0     # pushes per second in ``qlatency`` (Options.qrate)
 
 
 @dataclass(frozen=True)
@@ -46,9 +58,18 @@ class Scenario:
     connections: int = 0
     # (target, compared with, the ratio it must reach); for latency: at most that ratio of p99
     goals: tuple = ()
+    # work queues: pubs producers and subs consumers of one queue.  On this broker with more than one worker,
+    # where the producers and consumers are, relative to the queue's owner: "owner", "other" or "" (anywhere).
+    queue: bool = False
+    producer_at: str = ""
+    consumer_at: str = ""
+    window: int = 1000      # pushes a producer has unanswered at most (full speed)
+    batch: int = 100        # messages per receive at most (each batch is acked with one request)
+    wait_ms: int = 1000     # a receive's long poll
+    drain: bool = False     # consumers start once the producer is done (count: pushes at most): receive+ack alone
 
 
-def scenarios(nn: int, wide: int, rate: float, connections: int) -> dict[str, Scenario]:
+def scenarios(nn: int, wide: int, rate: float, connections: int, qrate: float = QUEUE_RATE) -> dict[str, Scenario]:
     return {s.name: s for s in [
         Scenario("fanout1", "fan-out 1→1", "throughput", 1, 1,
                  goals=(("shardbroker/nats", "nats-server", 0.75), ("shardbroker/ndjson", "redis", 1.0))),
@@ -62,6 +83,20 @@ def scenarios(nn: int, wide: int, rate: float, connections: int) -> dict[str, Sc
         Scenario("latency", f"latency at {rate:,.0f} msg/s", "latency", 1, 1, rate=rate,
                  goals=(("shardbroker/nats", "nats-server", 1.5),)),
         Scenario("connections", f"{connections:,} connections", "connections", connections=connections),
+        # Work queues.  The producer is on the queue's owner, the consumers on the other workers, so receives and
+        # acks cross workers and pushes do not (a push from another worker costs a round trip between workers
+        # per push: see docs/performance.md).
+        Scenario("qpush", "queue push, 1 producer", "throughput", 1, 0, queue=True, producer_at="owner"),
+        Scenario("qwork1", "queue push→recv+ack 1→1", "throughput", 1, 1, queue=True, producer_at="owner",
+                 consumer_at="other", goals=(("shardbroker/ndjson", "redis", 1.0),)),
+        Scenario("qwork8", "queue push→recv+ack 1→8", "throughput", 1, 8, queue=True, producer_at="owner",
+                 consumer_at="other", goals=(("shardbroker/ndjson", "redis", 1.0),)),
+        Scenario("qdrain1", "queue recv+ack of a backlog, 1", "throughput", 1, 1, count=300_000, queue=True,
+                 producer_at="owner", consumer_at="other", drain=True),
+        Scenario("qdrain8", "queue recv+ack of a backlog, 8", "throughput", 1, 8, count=300_000, queue=True,
+                 producer_at="owner", consumer_at="other", drain=True),
+        Scenario("qlatency", f"queue latency at {qrate:,.0f} msg/s", "latency", 1, 1, rate=qrate, queue=True,
+                 producer_at="owner", consumer_at="other"),
     ]}
 
 
@@ -79,6 +114,7 @@ class Options:
     wide: int = 5000
     rate: float = 20000.0
     connections: int = 10000
+    qrate: float = QUEUE_RATE
 
 
 @dataclass
@@ -89,11 +125,12 @@ class Bench:
     log: callable = print
 
     def run(self) -> dict:
-        catalog = scenarios(self.opts.nn, self.opts.wide, self.opts.rate, self.opts.connections)
+        catalog = scenarios(self.opts.nn, self.opts.wide, self.opts.rate, self.opts.connections, self.opts.qrate)
         chosen = [catalog[name] for name in self.opts.scenarios]
-        self._start_servers()
+        self._start_servers(chosen)
         targets = [t for t in ALL_TARGETS if t.server in self.servers
-                   and (t.server != "shardbroker" or t.wire in self.opts.protocols)]
+                   and (t.server not in OURS or t.wire in self.opts.protocols)
+                   and any(t.queues if sc.queue else t.pubsub for sc in chosen)]
         ctx = multiprocessing.get_context("spawn")
         pool = []
         for _ in range(self.opts.procs):
@@ -106,6 +143,8 @@ class Bench:
                 order = targets[rnd % len(targets):] + targets[:rnd % len(targets)]
                 for sc in chosen:
                     for target in order:
+                        if not (target.queues if sc.queue else target.pubsub):
+                            continue
                         self.log(f"round {rnd + 1}/{self.opts.rounds}: {sc.title} on {target.label}")
                         res = self._run_one(sc, target, [p for _, p in pool])
                         res.update(scenario=sc.name, target=target.label, round=rnd + 1)
@@ -160,8 +199,16 @@ class Bench:
             proc.join(5)
         return rows
 
-    def _start_servers(self) -> None:
+    def _start_servers(self, chosen: list[Scenario]) -> None:
         self.servers["shardbroker"] = servers.start_broker(self.opts.workers)
+        if any(sc.queue for sc in chosen) and "ndjson" in self.opts.protocols:
+            # The same broker with queues.journal false: what the journal costs.
+            with tempfile.NamedTemporaryFile("w", prefix="bench-nojournal-", suffix=".json", delete=False) as fh:
+                json.dump({"queues": {"journal": False}}, fh)
+            try:
+                self.servers["shardbroker-nojournal"] = servers.start_broker(self.opts.workers, config=fh.name)
+            finally:
+                os.unlink(fh.name)
         starters = {"nats": servers.start_nats, "redis": servers.start_redis}
         for peer in self.opts.peers:
             server = starters[peer]()
@@ -177,6 +224,8 @@ class Bench:
         port = server.ports[target.wire]
         if sc.kind == "connections":
             return self._connections(sc, target, server, port, gens)
+        if sc.queue:
+            return self._queue_run(sc, target, server, port, gens)
         # Publishers on the first generator, subscribers spread over the others (all of them when alone);
         # N→N spreads both over every generator.
         sub_gens = gens if sc.distinct else (gens[1:] or gens)
@@ -241,6 +290,39 @@ class Bench:
             res["latency_us"] = percentiles([x for rep in replies.values() for x in rep["latencies"]])
         return res
 
+    def _queue_run(self, sc: Scenario, target: Target, server: servers.Server, port: int, gens: list) -> dict:
+        """One queue scenario: the producer on the first generator, the consumers spread over the others."""
+        ctl = qload.Control("127.0.0.1", port, target.wire)
+        try:
+            workers = ctl.workers()
+            queue = f"bench.q.{sc.name}.{os.getpid()}.{len(self.results)}"
+            owner = qload.owner(queue, workers) if workers > 1 else None
+            ctl.prepare(queue)
+            cons_gens = gens[1:] or gens
+            plan: dict[int, list] = {id(gens[0]): [gens[0], sc.pubs, 0]}
+            for g, n in zip(cons_gens, _spread(sc.subs, len(cons_gens))):
+                plan.setdefault(id(g), [g, 0, 0])[2] = n
+            prefixes = {gid: f"c{i}." for i, gid in enumerate(plan)}
+            placed = _ask(plan, lambda gid, p, s: {
+                "op": "qconnect", "host": "127.0.0.1", "port": port, "wire": target.wire, "producers": p,
+                "consumers": s, "owner": owner, "producer_at": sc.producer_at, "consumer_at": sc.consumer_at,
+                "prefix": prefixes[gid]})
+            start = time.monotonic() + 0.3
+            replies = _ask(plan, lambda gid, p, s: {
+                "op": "qrun", "queue": queue, "size": self.opts.payload, "start": start,
+                "duration": self.opts.duration, "rate": sc.rate, "window": sc.window, "batch": sc.batch,
+                "wait_ms": sc.wait_ms, "count": sc.count, "drain": sc.drain})
+            _ask(plan, lambda gid, p, s: {"op": "close"})
+            left = ctl.remaining(queue)
+            ctl.cleanup(queue)
+        finally:
+            ctl.close()
+        res = _queue_measure(sc, replies.values(), start, self.opts.duration, left)
+        res.update(payload=self.opts.payload, owner=owner,
+                   producer_workers=[w for r in placed.values() for w in r["producers"]],
+                   consumer_workers=[w for r in placed.values() for w in r["consumers"]])
+        return res
+
     def _connections(self, sc: Scenario, target: Target, server: servers.Server, port: int, gens: list) -> dict:
         # On a server started for this alone: memory left over from earlier runs (and a garbage collector
         # giving it back meanwhile) would swamp what the connections cost.
@@ -288,6 +370,11 @@ class Bench:
                     row["msgs_per_sec"] = statistics.median(r["msgs_per_sec"] for r in runs)
                     row["loss"] = sum(r["loss"] for r in runs)
                     row["expected"] = sum(r["expected"] for r in runs)
+                    if sc.queue:
+                        row["queue"] = True
+                        row["duplicates"] = sum(r["duplicates"] for r in runs)
+                        row["refused"] = sum(r["refused"] for r in runs)
+                        row["pushes_per_sec"] = statistics.median(r["pushes_per_sec"] for r in runs)
                     if sc.kind == "latency":
                         row["latency_us"] = {k: statistics.median(r["latency_us"][k] for r in runs)
                                              for k in runs[0]["latency_us"]}
@@ -311,6 +398,43 @@ class Bench:
             "summary": summary,
             "runs": self.results,
         }
+
+
+def _queue_measure(sc: Scenario, replies, start: float, duration: float, left: dict) -> dict:
+    """A queue run's rates, and its accounting: every acknowledged push stored (``qpush``), or received and acked
+    exactly once (consumers).  ``expected``: pushes acknowledged; ``delivered``: pushes stored (``qpush``) or
+    messages acked; ``loss``: acknowledged pushes not stored, or not acked; ``duplicates``: deliveries of a
+    message after its first."""
+    replies = list(replies)
+    pushed = [i for r in replies for i in r["push_ids"].split(b"\n") if i]
+    received = [i for r in replies for i in r["recv_ids"].split(b"\n") if i]
+    failed = [i for r in replies for i in r["failed_ids"].split(b"\n") if i]
+    acked = sum(r["acked"] for r in replies)
+    last_push = max(r["last_push"] for r in replies)
+    last_ack = max(r["last_ack"] for r in replies)
+    push_seconds = max(1e-9, last_push - start) if last_push else 0.0
+    res = {"sent": sum(r["sent"] for r in replies), "expected": len(pushed),
+           "refused": sum(r["refused"] for r in replies),
+           "pushes_per_sec": round(len(pushed) / push_seconds) if push_seconds else 0,
+           "left": left}
+    first_refusal = next((r["first_refusal"] for r in replies if r["first_refusal"]), "")
+    if first_refusal:
+        res["first_refusal"] = first_refusal
+    if not sc.subs:
+        res.update(delivered=left["stored"], loss=len(pushed) - left["stored"], duplicates=0,
+                   seconds=round(push_seconds, 4), msgs_per_sec=res["pushes_per_sec"])
+        return res
+    pushed_set = set(pushed)
+    received_set = set(received)
+    acked_set = received_set.difference(failed) if failed else received_set
+    began = start + duration if sc.drain else start
+    seconds = max(1e-9, last_ack - began) if last_ack else 0.0
+    res.update(received=len(received), delivered=acked, duplicates=len(received) - len(received_set),
+               loss=len(pushed_set - acked_set), unexpected=len(received_set - pushed_set), ack_failed=len(failed),
+               seconds=round(seconds, 4), msgs_per_sec=round(acked / seconds) if seconds else 0)
+    if sc.kind == "latency":
+        res["latency_us"] = percentiles([x for r in replies for x in r["latencies"]])
+    return res
 
 
 def _ratio(sc: Scenario, row: dict, base: dict) -> float | None:

@@ -118,3 +118,193 @@ class Counter:
         keep = len(self.marker) - 1
         self._tail = chunk[-keep:] if keep else b""
         return n
+
+
+# -- work queues ----------------------------------------------------------------------------------------------
+# The queue scenarios' producers push pre-encoded frames; consumers take the (id, handle) pairs of a receive's reply
+# with one regex pass and ack by handle (this broker's receipt, a Redis stream entry's id).  Latency runs stamp the
+# payload as above, with the message's intended send time.
+
+class QueueProtocolError(Exception):
+    """A reply the queue generator cannot read: a server error, or a protocol it does not expect."""
+
+
+_STAMP_FIELD = b"T" + b"0" * 19
+
+
+class QueueWire:
+    name = "?"
+
+    def push(self, queue: str, data: bytes) -> bytes:
+        raise NotImplementedError
+
+    def stamped(self, queue: str, size: int):
+        """-> ``f(stamp_ns)``: a push frame whose payload carries that stamp (pre-encoded once, then spliced)."""
+        pre, post = self.push(queue, payload(size, 0)).split(_STAMP_FIELD, 1)
+        return lambda stamp: b"%sT%019d%s" % (pre, stamp, post)
+
+    def recv(self, queue: str, consumer: str, count: int, wait_ms: int) -> bytes:
+        raise NotImplementedError
+
+    def ack(self, queue: str, handles: list[bytes]) -> bytes:
+        raise NotImplementedError
+
+    def push_replies(self, buf: bytes) -> tuple[list[bytes], int, bytes, bytes]:
+        """-> (ids of the pushes acknowledged, pushes refused, the first refusal, the incomplete rest of ``buf``)."""
+        raise NotImplementedError
+
+    def consumer_replies(self, buf: bytes) -> tuple[list[tuple], bytes]:
+        """-> (events, the incomplete rest): ``("msgs", ids, handles, stamps)`` for a receive (stamps: the payloads'
+        leading ``T<19 digits>`` where present), ``("acked", ok, reply)`` for an ack."""
+        raise NotImplementedError
+
+    def ack_failures(self, reply, handles: list[bytes]) -> list[int]:
+        """Which handles of an ack whose reply counted fewer successes than handles failed (indexes)."""
+        return list(range(len(handles)))
+
+
+_NDJSON_PUSHED = re.compile(rb'\{"ok":true,"id":"([^"]+)"\}\n')
+_NDJSON_MESSAGE = re.compile(rb'"id":"([^"]+)","receipt":"([^"]+)","data":"?(T\d{19})?')
+
+
+class QueueNdjson(QueueWire):
+    """This broker's NDJSON queue requests (docs/queues.md)."""
+
+    name = "ndjson"
+
+    def push(self, queue: str, data: bytes) -> bytes:
+        return orjson.dumps({"op": "qpush", "queue": queue, "data": data.decode()}) + b"\n"
+
+    def recv(self, queue: str, consumer: str, count: int, wait_ms: int) -> bytes:
+        return orjson.dumps({"op": "qrecv", "queue": queue, "max": count, "wait_ms": wait_ms}) + b"\n"
+
+    def ack(self, queue: str, handles: list[bytes]) -> bytes:
+        return b'{"op":"qack","queue":%s,"receipts":["%s"]}\n' % (orjson.dumps(queue), b'","'.join(handles))
+
+    def push_replies(self, buf: bytes) -> tuple[list[bytes], int, bytes, bytes]:
+        end = buf.rfind(b"\n") + 1
+        if not end:
+            return [], 0, b"", buf
+        done = buf[:end]
+        ids = _NDJSON_PUSHED.findall(done)
+        refused = done.count(b"\n") - len(ids)
+        first = b""
+        if refused:
+            first = next(line for line in done.split(b"\n") if line and not line.startswith(b'{"ok":true,"id"'))
+        return ids, refused, first, buf[end:]
+
+    def consumer_replies(self, buf: bytes) -> tuple[list[tuple], bytes]:
+        end = buf.rfind(b"\n") + 1
+        if not end:
+            return [], buf
+        events = []
+        for line in buf[:end - 1].split(b"\n"):
+            if line.startswith(b'{"ok":true,"messages":'):
+                found = _NDJSON_MESSAGE.findall(line)
+                events.append(("msgs", [m[0] for m in found], [m[1] for m in found],
+                               [int(m[2][1:]) for m in found if m[2]]))
+            elif line.startswith(b'{"ok":true,"results":'):
+                events.append(("acked", line.count(b'{"ok":true}'), line))
+            else:
+                raise QueueProtocolError(f"unexpected reply {line[:200]!r}")
+        return events, buf[end:]
+
+    def ack_failures(self, reply, handles: list[bytes]) -> list[int]:
+        results = orjson.loads(reply)["results"]
+        return [i for i, r in enumerate(results) if r != {"ok": True}]
+
+
+_RESP_ID = re.compile(rb"\$\d+\r\n([0-9]+-[0-9]+)\r\n|-([^\r]*)\r\n")
+_RESP_STREAM = re.compile(rb"\*1\r\n\*2\r\n\$(\d+)\r\n")
+_RESP_COUNT = re.compile(rb"\*(\d+)\r\n")
+_RESP_ENTRY = re.compile(rb"\*2\r\n\$\d+\r\n([0-9]+-[0-9]+)\r\n\*2\r\n\$1\r\nd\r\n\$(\d+)\r\n")
+_RESP_LONGEST_HEAD = 128    # more than any entry's header: a mismatch with this much data is no partial read
+
+
+class QueueRedisStreams(QueueWire):
+    """Redis Streams with a consumer group: XADD, XREADGROUP ... COUNT n BLOCK ms STREAMS q >, XACK."""
+
+    name = "redis"
+    group = b"bench"
+
+    @staticmethod
+    def _command(*parts: bytes) -> bytes:
+        return b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
+
+    def push(self, queue: str, data: bytes) -> bytes:
+        return self._command(b"XADD", queue.encode(), b"*", b"d", data)
+
+    def recv(self, queue: str, consumer: str, count: int, wait_ms: int) -> bytes:
+        return self._command(b"XREADGROUP", b"GROUP", self.group, consumer.encode(), b"COUNT", b"%d" % count,
+                             b"BLOCK", b"%d" % wait_ms, b"STREAMS", queue.encode(), b">")
+
+    def ack(self, queue: str, handles: list[bytes]) -> bytes:
+        return self._command(b"XACK", queue.encode(), self.group, *handles)
+
+    def push_replies(self, buf: bytes) -> tuple[list[bytes], int, bytes, bytes]:
+        ids, refused, first, end = [], 0, b"", 0
+        for m in _RESP_ID.finditer(buf):
+            if m.start() != end:
+                raise QueueProtocolError(f"unexpected reply {buf[end:end + 200]!r}")
+            end = m.end()
+            if m.group(1) is not None:
+                ids.append(m.group(1))
+            else:
+                refused += 1
+                first = first or m.group(2)
+        return ids, refused, first, buf[end:]
+
+    def consumer_replies(self, buf: bytes) -> tuple[list[tuple], bytes]:
+        events, pos, n = [], 0, len(buf)
+        while pos < n:
+            got = self._one(buf, pos)
+            if got is None:
+                break
+            event, pos = got
+            events.append(event)
+        return events, buf[pos:]
+
+    @staticmethod
+    def _one(buf: bytes, pos: int):
+        """One reply at ``pos``: -> (event, end), or None if it is not all there yet."""
+        eol = buf.find(b"\r\n", pos)
+        if eol < 0:
+            return None
+        head = buf[pos:eol]
+        if head[:1] == b":":
+            return ("acked", int(head[1:]), head), eol + 2
+        if head == b"*-1":                       # BLOCK timed out
+            return ("msgs", [], [], []), eol + 2
+        if head[:1] == b"-":
+            raise QueueProtocolError(f"error reply {head[:200]!r}")
+        m = _RESP_STREAM.match(buf, pos)
+        if m is None:
+            if len(buf) - pos < _RESP_LONGEST_HEAD:
+                return None
+            raise QueueProtocolError(f"unexpected reply {buf[pos:pos + 200]!r}")
+        at = m.end() + int(m.group(1)) + 2
+        m = _RESP_COUNT.match(buf, at)
+        if m is None:
+            return None if len(buf) - at < 16 else _fail(buf, at)
+        count, at = int(m.group(1)), m.end()
+        ids, stamps = [], []
+        entry = _RESP_ENTRY.match
+        for _ in range(count):
+            m = entry(buf, at)
+            if m is None:
+                return None if len(buf) - at < _RESP_LONGEST_HEAD else _fail(buf, at)
+            start = m.end()
+            at = start + int(m.group(2)) + 2
+            if at > len(buf):
+                return None
+            ids.append(m.group(1))
+            if buf[start:start + 1] == b"T":
+                stamps.append(int(buf[start + 1:start + 20]))
+        return ("msgs", ids, ids, stamps), at
+
+
+def _fail(buf: bytes, at: int):
+    raise QueueProtocolError(f"unexpected reply {buf[at:at + 200]!r}")
+
+
+QUEUE_WIRES = {"ndjson": QueueNdjson(), "redis": QueueRedisStreams()}

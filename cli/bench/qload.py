@@ -1,0 +1,358 @@
+"""Work-queue load for the bench's queue scenarios: producers that push, consumers that receive and ack.
+
+Driven by a ``loadgen`` process (ops ``qconnect``, ``qrun``, ``close``), over the protocols of ``wire.QUEUE_WIRES``:
+
+- ``qconnect``: open the producer and consumer sockets; on this broker, place each on a worker relative to the
+  queue's owner (``info`` tells a connection's worker; the acceptor gives a new connection to the least-loaded
+  worker, so connections that land elsewhere are kept open until the placement is done, then closed);
+- ``qrun``: producers push pre-encoded frames with up to ``window`` pushes unanswered (or, at a fixed ``rate``,
+  each stamped with its intended send time), until the duration is over and every push is answered; consumers keep
+  one receive outstanding (``batch`` messages at most, long-polling ``wait_ms``) and answer each batch with one
+  ack of all its handles, sent with the next receive, until no message came for a while after the duration.
+  Everything the protocol's requests are answered with is counted, and the ids of what was pushed, received and
+  not acked come back, so the bench can check that every message was acked exactly once.
+
+Plain non-blocking sockets under ``selectors``, as in ``loadgen``: replies are parsed with one regex pass per read.
+"""
+
+from __future__ import annotations
+
+import collections
+import selectors
+import socket
+import time
+import zlib
+
+import orjson
+
+from .wire import QUEUE_WIRES, QueueProtocolError, payload
+
+_QUIET = 0.75          # seconds without messages, after the producers stop, that end a consumer's run
+_MAX_DRAIN = 60.0      # the most a run goes on after the producers' time is up
+_PLACE_TRIES = 40      # connections opened per connection placed, at most
+
+
+def owner(queue: str, workers: int) -> int:
+    """The worker that owns ``queue`` on this broker (docs/queues.md, Placement)."""
+    return zlib.crc32(queue.encode()) % workers
+
+
+class QueueLoad:
+    def __init__(self) -> None:
+        self.producers: list[socket.socket] = []
+        self.consumers: list[socket.socket] = []
+        self.wire = None
+        self.names: list[str] = []
+
+    # -- connect --------------------------------------------------------------------------------------------
+    def connect(self, host: str, port: int, wire: str, producers: int, consumers: int, owner: int | None = None,
+                producer_at: str = "", consumer_at: str = "", prefix: str = "c") -> dict:
+        """Open the sockets; with ``owner`` (this broker, more than one worker), put producers and consumers on
+        the owner's worker (``"owner"``), on another (``"other"``), or anywhere (``""``).  -> their workers."""
+        self.wire = QUEUE_WIRES[wire]
+        placing = wire == "ndjson" and owner is not None
+        parked: list[socket.socket] = []
+        out: dict[str, list] = {"producers": [], "consumers": []}
+        try:
+            for role, n, where in (("producers", producers, producer_at), ("consumers", consumers, consumer_at)):
+                socks = []
+                for _ in range(n):
+                    sock, worker = self._placed(host, port, owner if placing and where else None, where, parked)
+                    socks.append(sock)
+                    out[role].append(worker)
+                setattr(self, role, socks)
+        finally:
+            for sock in parked:
+                sock.close()
+        self.names = [f"{prefix}{i}" for i in range(consumers)]
+        return out
+
+    def _placed(self, host: str, port: int, owner: int | None, where: str, parked: list) -> tuple:
+        for _ in range(_PLACE_TRIES):
+            sock = socket.create_connection((host, port), timeout=30)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.wire.name != "ndjson":
+                return sock, None
+            sock.sendall(b'{"op":"info"}\n')
+            worker = orjson.loads(_read_line(sock))["info"]["worker"]
+            if owner is None or (worker == owner) == (where == "owner"):
+                return sock, worker
+            parked.append(sock)
+        raise RuntimeError(f"no connection landed {'on' if where == 'owner' else 'off'} worker {owner} "
+                           f"in {_PLACE_TRIES} tries")
+
+    # -- run ------------------------------------------------------------------------------------------------
+    def run(self, queue: str, size: int, start: float, duration: float, rate: float | None = None,
+            window: int = 1000, batch: int = 100, wait_ms: int = 1000, count: int | None = None,
+            drain: bool = False) -> dict:
+        """Push for ``duration`` (at most ``count`` per producer); with ``drain``, consumers start only then, and
+        empty the queue the producers filled."""
+        wire = self.wire
+        # Paced: select(2), whose timeout is in microseconds (epoll's is in milliseconds), so that each message
+        # leaves when it is due rather than up to a millisecond late (a handful of sockets: select is cheap).
+        sel = selectors.SelectSelector() if rate is not None else selectors.DefaultSelector()
+        end = start + duration
+        frame = wire.push(queue, payload(size))
+        block = frame * window
+        flen = len(frame)
+        stamped = wire.stamped(queue, size) if rate is not None else None
+        total = int(duration * rate) if rate is not None else 0
+        start_ns = int(start * 1e9)
+        period_ns = 1e9 / rate if rate else 0.0
+
+        prods = []
+        for sock in self.producers:
+            sock.setblocking(False)
+            st = {"sock": sock, "kind": "prod", "out": b"", "writing": False, "buf": b"", "sent": 0, "ids": [],
+                  "refused": 0, "first_refusal": b"", "last_reply": 0.0}
+            prods.append(st)
+            sel.register(sock, selectors.EVENT_READ, st)
+        cons = []
+        for sock, name in zip(self.consumers, self.names):
+            sock.setblocking(False)
+            st = {"sock": sock, "kind": "cons", "out": b"", "writing": False, "buf": b"",
+                  "pending": collections.deque(),   # per request sent: None (a receive) or (ids, handles) (an ack)
+                  "recv": wire.recv(queue, name, batch, wait_ms), "ids": [], "acked": 0, "failed": [],
+                  "last_msg": 0.0, "last_ack": 0.0, "first_msg": 0.0, "lat": [], "stopped": False}
+            cons.append(st)
+            sel.register(sock, selectors.EVENT_READ, st)
+
+        def write(st: dict, data: bytes) -> None:
+            if st["out"]:
+                st["out"] += data
+                return
+            try:
+                n = st["sock"].send(data)
+            except (BlockingIOError, InterruptedError):
+                n = 0
+            if n < len(data):
+                st["out"] = data[n:]
+                if not st["writing"]:
+                    st["writing"] = True
+                    sel.modify(st["sock"], selectors.EVENT_READ | selectors.EVENT_WRITE, st)
+
+        limit = total if rate is not None else count
+        cons_start = end if drain else start
+        while time.monotonic() < start:
+            time.sleep(min(0.01, max(0.0, start - time.monotonic())))
+        receiving = False
+        sending = bool(prods)
+        while True:
+            now = time.monotonic()
+            if not receiving and now >= cons_start:
+                receiving = True
+                for st in cons:
+                    st["pending"].append(None)
+                    write(st, st["recv"])
+            # full speed: until the time is up (or the count is pushed); paced: until the whole schedule is sent
+            if sending and ((rate is None and now >= end) or (limit is not None
+                                                             and all(st["sent"] >= limit for st in prods))):
+                sending = False
+            # producers: keep the window full (or the schedule: every frame due, stamped with when it was due)
+            for st in prods:
+                if not sending or st["out"]:
+                    continue
+                if rate is None:
+                    room = window - (st["sent"] - len(st["ids"]) - st["refused"])
+                    if count is not None:
+                        room = min(room, count - st["sent"])
+                    if room > 0:
+                        st["sent"] += room
+                        write(st, block[:room * flen] if room < window else block)
+                else:
+                    due = min(total, int((now - start) * rate) + 1)
+                    if due > st["sent"]:
+                        write(st, b"".join(stamped(int(start_ns + k * period_ns)) for k in range(st["sent"], due)))
+                        st["sent"] = due
+            prods_done = not sending and all(st["sent"] == len(st["ids"]) + st["refused"] for st in prods)
+            if now > end:
+                for st in cons:
+                    if not st["stopped"] and prods_done and now - max(st["last_msg"], end) > _QUIET \
+                            and all(p is None for p in st["pending"]):
+                        st["stopped"] = True    # its receive may still be waiting: closing the socket ends it
+                if prods_done and all(st["stopped"] for st in cons):
+                    break
+                if now - end > _MAX_DRAIN:
+                    break
+            timeout = 0.05 if receiving or not cons else max(0.0, min(0.05, cons_start - now))
+            if rate is not None and sending:
+                timeout = min(timeout, max(0.0, start + min(st["sent"] for st in prods) / rate - time.monotonic()))
+            for key, mask in sel.select(timeout):
+                st = key.data
+                sock = key.fileobj
+                if mask & selectors.EVENT_WRITE:
+                    try:
+                        n = sock.send(st["out"])
+                    except (BlockingIOError, InterruptedError):
+                        n = 0
+                    st["out"] = st["out"][n:]
+                    if not st["out"]:
+                        st["writing"] = False
+                        sel.modify(sock, selectors.EVENT_READ, st)
+                if not mask & selectors.EVENT_READ:
+                    continue
+                try:
+                    data = sock.recv(1 << 20)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                if not data:
+                    raise ConnectionError(f"the server closed a {st['kind']} connection")
+                if st["kind"] == "prod":
+                    ids, refused, first, st["buf"] = wire.push_replies(st["buf"] + data)
+                    if ids or refused:
+                        st["ids"].extend(ids)
+                        st["refused"] += refused
+                        st["first_refusal"] = st["first_refusal"] or first
+                        st["last_reply"] = time.monotonic()
+                    continue
+                events, st["buf"] = wire.consumer_replies(st["buf"] + data)
+                if not events:
+                    continue
+                now = time.monotonic()
+                now_ns = time.monotonic_ns()
+                for event in events:
+                    asked = st["pending"].popleft()
+                    if event[0] == "msgs":
+                        if asked is not None:
+                            raise QueueProtocolError("a receive's reply where an ack's was expected")
+                        _, ids, handles, stamps = event
+                        if ids:
+                            st["stopped"] = False
+                            st["ids"].extend(ids)
+                            st["last_msg"] = now
+                            st["first_msg"] = st["first_msg"] or now
+                            if stamps:
+                                st["lat"].extend(now_ns - s for s in stamps)
+                            st["pending"].append((ids, handles))
+                            st["pending"].append(None)
+                            write(st, wire.ack(queue, handles) + st["recv"])
+                        elif not st["stopped"]:
+                            st["pending"].append(None)
+                            write(st, st["recv"])
+                    else:
+                        if asked is None:
+                            raise QueueProtocolError("an ack's reply where a receive's was expected")
+                        ids, handles = asked
+                        ok = event[1]
+                        st["acked"] += ok
+                        st["last_ack"] = now
+                        if ok < len(handles):
+                            st["failed"].extend(ids[i] for i in wire.ack_failures(event[2], handles))
+        sel.close()
+        for st in prods + cons:
+            st["sock"].setblocking(True)
+        push_ids = [i for st in prods for i in st["ids"]]
+        recv_ids = [i for st in cons for i in st["ids"]]
+        failed = [i for st in cons for i in st["failed"]]
+        return {
+            "sent": sum(st["sent"] for st in prods), "pushed": len(push_ids),
+            "refused": sum(st["refused"] for st in prods),
+            "first_refusal": next((st["first_refusal"].decode(errors="replace") for st in prods
+                                   if st["first_refusal"]), ""),
+            "last_push": max((st["last_reply"] for st in prods), default=0.0),
+            "push_ids": b"\n".join(push_ids), "received": len(recv_ids), "recv_ids": b"\n".join(recv_ids),
+            "acked": sum(st["acked"] for st in cons), "failed_ids": b"\n".join(failed),
+            "first_msg": min((st["first_msg"] for st in cons if st["first_msg"]), default=0.0),
+            "last_ack": max((st["last_ack"] for st in cons), default=0.0),
+            "latencies": [x for st in cons for x in st["lat"]],
+        }
+
+    def close(self) -> None:
+        for sock in self.producers + self.consumers:
+            try:
+                sock.close()
+            except OSError:
+                pass
+        self.producers, self.consumers = [], []
+
+
+# -- the bench's own requests: set a queue up, check it afterwards, clean up --------------------------------------
+class Control:
+    """A blocking connection of the bench itself, for the requests around a run (not measured)."""
+
+    def __init__(self, host: str, port: int, wire: str) -> None:
+        self.wire = wire
+        self.sock = socket.create_connection((host, port), timeout=30)
+        self.buf = b""
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _ndjson(self, req: dict) -> dict:
+        self.sock.sendall(orjson.dumps(req) + b"\n")
+        line, self.buf = _read_line(self.sock, self.buf, keep=True)
+        reply = orjson.loads(line)
+        if not reply.get("ok"):
+            raise RuntimeError(f"{req['op']}: {reply}")
+        return reply
+
+    def _redis(self, *parts: bytes):
+        """One command; -> its reply, decoded (bulk strings as bytes, arrays as lists)."""
+        self.sock.sendall(b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts))
+        reply = self._resp()
+        if isinstance(reply, RuntimeError):
+            raise RuntimeError(f"redis {parts[0].decode()}: {reply}")
+        return reply
+
+    def _fill(self, n: int) -> None:
+        while len(self.buf) < n:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("redis closed the connection")
+            self.buf += chunk
+
+    def _resp(self):
+        while b"\r\n" not in self.buf:
+            self._fill(len(self.buf) + 1)
+        line, _, self.buf = self.buf.partition(b"\r\n")
+        kind, rest = line[:1], line[1:]
+        if kind in (b"+", b"-"):
+            return rest if kind == b"+" else RuntimeError(rest.decode(errors="replace"))
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            n = int(rest)
+            if n < 0:
+                return None
+            self._fill(n + 2)
+            value, self.buf = self.buf[:n], self.buf[n + 2:]
+            return value
+        if kind == b"*":
+            n = int(rest)
+            return None if n < 0 else [self._resp() for _ in range(n)]
+        raise RuntimeError(f"unexpected reply from redis: {line[:200]!r}")
+
+    def workers(self) -> int:
+        return self._ndjson({"op": "info"})["info"]["workers"] if self.wire == "ndjson" else 1
+
+    def prepare(self, queue: str) -> None:
+        if self.wire == "redis":
+            self._redis(b"DEL", queue.encode())
+            self._redis(b"XGROUP", b"CREATE", queue.encode(), QUEUE_WIRES["redis"].group, b"0", b"MKSTREAM")
+
+    def remaining(self, queue: str) -> dict:
+        """What the queue holds after a run: ``stored`` (messages in it; Redis: the stream's length, as XACK leaves
+        entries in the stream) and ``pending`` (leased, not acked)."""
+        if self.wire == "ndjson":
+            stat = self._ndjson({"op": "qstat", "queue": queue})["stat"]
+            return {"stored": stat["messages"], "pending": stat["in_flight"]}
+        group = QUEUE_WIRES["redis"].group
+        return {"stored": self._redis(b"XLEN", queue.encode()),
+                "pending": self._redis(b"XPENDING", queue.encode(), group)[0]}
+
+    def cleanup(self, queue: str) -> None:
+        if self.wire == "ndjson":
+            self._ndjson({"op": "qpurge", "queue": queue})
+        else:
+            self._redis(b"DEL", queue.encode())
+
+
+def _read_line(sock: socket.socket, buf: bytes = b"", keep: bool = False):
+    data = buf
+    while b"\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"closed while waiting for a reply; got {data[-200:]!r}")
+        data += chunk
+    line, _, rest = data.partition(b"\n")
+    return (line, rest) if keep else line

@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""How long a worker takes to rebuild its work queues from the journal: replay time per million messages.
+
+    .venv/bin/python scripts/queue_replay.py                   # 1,000,000 pushes of 128-byte data, 3 replays
+    .venv/bin/python scripts/queue_replay.py -n 200000 --consumed 0.5 --runs 1
+
+Builds a journal the way a worker does (``workers.workqueues``: a ``Shard`` with a ``Journal`` on a temporary file,
+inside an asyncio loop): ``-n`` pushes to one queue (``--data`` bytes of JSON data each, the default 128),
+committed every ``--batch`` pushes as the shard commits once per event-loop turn; with ``--consumed F``, that
+fraction of them is then leased and acked (100 a request), so the journal also holds lease and ack records.  Then,
+``--runs`` times, a fresh ``Shard`` on a copy of that file runs ``Shard.replay()``, as a replacement worker does at
+start-up, and is timed:
+
+- ``read``: ``Journal.replay()`` alone (read, check each record's CRC, unmarshal), the file's records counted;
+- ``replay``: all of ``Shard.replay()``: the records read and applied to the queues, due leases expired, and the
+  journal rewritten as the live state (``compact(force=True)``, which it does after any replay; timed apart as
+  ``compaction``).
+
+Reports records/s and seconds per million records (median of the runs; with no ``--consumed``, one record is one
+message pushed).  In-process, no broker, no sockets: what
+a worker's start-up after a crash adds per message it held.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from workers.message import KIND_JSON  # noqa: E402
+from workers.workqueues.journal import Journal  # noqa: E402
+from workers.workqueues.model import Settings  # noqa: E402
+from workers.workqueues.shard import Shard  # noqa: E402
+
+QUEUE = "jobs"
+HOLDER = (0, 1)
+
+
+def _shard(path: str, n: int) -> Shard:
+    settings = Settings(max_messages=max(n, 1_000_000), max_bytes=1 << 40, visibility_ms=600_000)
+    return Shard(0, settings, Journal(path, "no"), lambda: None, 256)
+
+
+async def build(path: str, n: int, size: int, batch: int, consumed: float) -> dict:
+    """The journal: ``n`` pushes, then ``consumed`` of them leased and acked.  -> timings and counts."""
+    shard = _shard(path, n)
+    data = b'"' + b"x" * max(0, size - 2) + b'"'     # a JSON string of ``size`` bytes, as NDJSON stores it
+    replies: list = []
+    reply = replies.append
+    handle = shard.handle
+    args = {"queue": QUEUE, "data": data, "kind": KIND_JSON}
+    t0 = time.perf_counter()
+    for i in range(1, n + 1):
+        handle("push", args, HOLDER, reply)
+        if i % batch == 0:
+            shard.commit()
+            replies.clear()
+    shard.commit()
+    t1 = time.perf_counter()
+    acked = 0
+    todo = int(n * consumed)
+    while acked < todo:
+        handle("recv", {"queue": QUEUE, "max": min(100, todo - acked)}, HOLDER, reply)
+        shard.commit()
+        got = replies.pop()["messages"]
+        handle("ack", {"queue": QUEUE, "receipts": [m["receipt"] for m in got]}, HOLDER, reply)
+        shard.commit()
+        replies.clear()
+        acked += len(got)
+    t2 = time.perf_counter()
+    shard.journal.close()
+    return {"push_s": t1 - t0, "consume_s": t2 - t1, "acked": acked, "size": os.path.getsize(path)}
+
+
+async def replay(path: str, no_gc: bool = False) -> dict:
+    journal = Journal(path, "no")
+    t0 = time.perf_counter()
+    records = sum(1 for _ in journal.replay())
+    read_s = time.perf_counter() - t0
+    journal.close()
+
+    shard = _shard(path, 0)
+    compaction = [0.0]
+    compact = shard.compact
+
+    def timed_compact(force: bool = False) -> None:
+        c0 = time.perf_counter()
+        compact(force)
+        compaction[0] += time.perf_counter() - c0
+
+    shard.compact = timed_compact
+    if no_gc:
+        gc.disable()
+    try:
+        t0 = time.perf_counter()
+        applied = shard.replay()
+        replay_s = time.perf_counter() - t0
+    finally:
+        gc.enable()
+    messages = sum(len(q.messages) for q in shard.queues.values())
+    shard.journal.close()
+    return {"records": records, "applied": applied, "messages": messages, "read_s": read_s, "replay_s": replay_s,
+            "compaction_s": compaction[0], "size_after": os.path.getsize(path)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-n", type=int, default=1_000_000, help="messages pushed (default 1,000,000)")
+    ap.add_argument("--data", type=int, default=128, help="bytes of data per message (default 128)")
+    ap.add_argument("--batch", type=int, default=100, help="pushes per commit (default 100)")
+    ap.add_argument("--consumed", type=float, default=0.0, help="fraction of the messages then leased and acked")
+    ap.add_argument("--runs", type=int, default=3, help="replays, each of a fresh copy of the journal")
+    ap.add_argument("--no-gc", action="store_true",
+                    help="replay with the garbage collector off (what the collector's passes over the growing "
+                         "heap cost; the broker does not do this)")
+    ap.add_argument("--dir", default=None, help="where to put the journal (default: a temporary directory)")
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        built = os.path.join(tmp, "built.journal")
+        b = asyncio.run(build(built, args.n, args.data, args.batch, args.consumed))
+        gc.collect()
+        runs = []
+        for _ in range(args.runs):
+            path = os.path.join(tmp, "queues-0.journal")
+            shutil.copyfile(built, path)
+            runs.append(asyncio.run(replay(path, args.no_gc)))
+            gc.collect()
+    r = runs[-1]
+    med = {k: statistics.median(x[k] for x in runs) for k in ("read_s", "replay_s", "compaction_s")}
+    per_million = 1e6 / max(1, r["records"])
+    print(f"journal            {b['size']:,} bytes, {r['records']:,} records: {args.n:,} pushes of {args.data}-byte "
+          f"data (a commit every {args.batch})" + (f", {b['acked']:,} leased and acked" if b["acked"] else ""))
+    print(f"building it        {args.n / b['push_s']:,.0f} pushes/s in-process ({b['push_s'] / args.n * 1e6:.2f} µs "
+          f"a push, journal included)" + (f"; {b['acked'] / b['consume_s']:,.0f} recv+ack/s" if b["acked"] else ""))
+    print(f"read               {r['records'] / med['read_s']:,.0f} records/s ({med['read_s']:.2f} s)")
+    label = "replay (no gc)" if args.no_gc else "replay"
+    print(f"{label:19}{r['records'] / med['replay_s']:,.0f} records/s ({med['replay_s']:.2f} s, of which "
+          f"compaction {med['compaction_s']:.2f} s; {r['messages']:,} messages live, journal "
+          f"{r['size_after']:,} bytes after)")
+    print(f"per million records {med['replay_s'] * per_million:.2f} s (reading alone "
+          f"{med['read_s'] * per_million:.2f} s, compaction {med['compaction_s'] * per_million:.2f} s)")
+    times = ", ".join(f"{x['replay_s']:.2f}" for x in runs)
+    print(f"runs               replay {times} s")
+
+
+if __name__ == "__main__":
+    main()
