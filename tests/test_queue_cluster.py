@@ -285,3 +285,41 @@ def test_client_consume_extends_leases_acks_and_nacks(start_broker):
         await other.close()
 
     asyncio.run(run())
+
+
+def test_pipelined_queue_requests_are_answered_in_order_before_a_half_close(start_broker):
+    """Queue requests do not wait for each other's replies (they go on to the owners), but the replies keep the
+    order of the requests, mixed with other requests' replies; a client that half-closes gets them all."""
+    import socket
+
+    broker = start_broker(workers=2)
+    names = [f"pipe.{i}" for i in range(4)]          # owned by both workers
+    lines = []
+    for i in range(300):
+        lines.append({"op": "qpush", "queue": names[i % 4], "data": i, "id": i})
+        if i == 150:
+            lines.append({"op": "ping", "id": "mid"})
+            lines.append({"op": "qpush", "queue": "bad.*", "data": 0, "id": "bad"})
+    with socket.create_connection(("127.0.0.1", broker.port), timeout=10) as s:
+        s.sendall(b"".join(json.dumps(x).encode() + b"\n" for x in lines))
+        s.shutdown(socket.SHUT_WR)
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    replies = [json.loads(line) for line in data.splitlines()]
+    assert [r.get("id") for r in replies] == [x["id"] for x in lines]
+    assert all(r["ok"] for r in replies if r["id"] != "bad")
+    assert next(r for r in replies if r["id"] == "bad")["error"] == "invalid_queue"
+
+    async def count():
+        c = await Conn.open(broker.port)
+        total = 0
+        for name in names:
+            total += (await c.request({"op": "qstat", "queue": name}))["stat"]["messages"]
+        c.close()
+        return total
+
+    assert asyncio.run(count()) == 300

@@ -100,9 +100,13 @@ class Connection(asyncio.Protocol):
         if self.closed:
             return False  # we had half-closed already: both directions are done, let the transport go
         self.peer_eof = True
-        if self.close_on_eof and not self._paused & PAUSE_SYNC:
+        if self.close_on_eof and self.answered():
             self.close()
         return True  # keep the transport: the replies (or deliveries) still have to go out
+
+    def answered(self) -> bool:
+        """Whether every request read so far has its reply queued (then a half-closed client can be let go)."""
+        return not self._paused & PAUSE_SYNC
 
     def opened(self) -> None:
         """Hook for sessions that greet their client."""
@@ -247,7 +251,7 @@ class Connection(asyncio.Protocol):
     def resume(self, reason: int) -> None:
         was = self._paused
         self._paused &= ~reason
-        if reason == PAUSE_SYNC and self.peer_eof and self.close_on_eof and not self._paused & PAUSE_SYNC:
+        if reason == PAUSE_SYNC and self.peer_eof and self.close_on_eof and self.answered():
             self.close()  # the client said all it had to say; everything is answered now
             return
         if was and not self._paused and not self.closed:

@@ -13,6 +13,7 @@ delivery against its subscribe permission at delivery time (the hub's routes ask
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 from typing import Awaitable, Callable
@@ -47,6 +48,37 @@ class NdjsonSession(Connection):
         self._secure = hub.auth.enabled
         self._auth_failures = 0
         self._auth_timer: asyncio.TimerHandle | None = None
+        # Replies still awaited, in request order: a request answered later (a work-queue request, which goes to
+        # the queue's owner) reserves its place, and what is sent after it waits behind it (``reserve``/``fill``).
+        self._slots: collections.deque[list] = collections.deque()
+
+    # -- replies in request order, some of them later --------------------------------------------------------
+    def send(self, data: bytes) -> None:
+        if self._slots:
+            self._slots.append([data])   # the head is a reply still awaited: this one goes after it
+            return
+        super().send(data)
+
+    def reserve(self) -> list:
+        """A place for a reply that comes later; requests after it go on, their replies wait behind it."""
+        slot = [None]
+        self._slots.append(slot)
+        return slot
+
+    def fill(self, slot: list, data: bytes) -> None:
+        slot[0] = data
+        slots = self._slots
+        while slots and slots[0][0] is not None:
+            Connection.send(self, slots.popleft()[0])
+        if not slots and self.peer_eof and self.close_on_eof and self.answered():
+            self.close()
+
+    @property
+    def pending_replies(self) -> int:
+        return len(self._slots)
+
+    def answered(self) -> bool:
+        return not self._slots and super().answered()
 
     def opened(self) -> None:
         if self._secure:

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from workers.ndjson import NdjsonSession
 
 # request field -> the shard's argument, for each op (anything else in a request is ignored, as everywhere)
+MAX_PIPELINED = 1024   # queue requests of one connection awaiting their replies before it waits for them
+
 _FIELDS = {
     "push": ("priority", "delay_ms"),
     "recv": ("max", "wait_ms", "visibility_ms", "release_on_close"),
@@ -70,10 +72,18 @@ def _op(op: str) -> Callable[["NdjsonSession", dict, bytes], None]:
         if op == "push":
             args["data"] = codec.encode_data(line, req.get("data"))
             args["kind"] = KIND_JSON
-        # A long poll keeps reading: a client that leaves (or half-closes) cancels its wait (docs/queues.md).
-        session.suspend(keep_reading=op == "recv" and bool(args.get("wait_ms")))
+        if (op == "recv" and args.get("wait_ms")) or session.pending_replies >= MAX_PIPELINED:
+            # A long poll holds the requests after it (and keeps reading: a client that leaves, or half-closes,
+            # cancels its wait); so does a request past the pipelining bound, until it is answered.
+            session.suspend(keep_reading=op == "recv")
+            session.hub.queue_service.request(session.cid, op, args,
+                                              lambda result: session._reply_and_resume(_render(req, result)))
+            return
+        # Pipelined: the requests after it go on (to the same owner they arrive in order), and its reply keeps
+        # its place among the connection's replies.
+        slot = session.reserve()
         session.hub.queue_service.request(session.cid, op, args,
-                                          lambda result: session._reply_and_resume(_render(req, result)))
+                                          lambda result: session.fill(slot, _render(req, result)))
 
     return run
 
