@@ -323,3 +323,23 @@ def test_pipelined_queue_requests_are_answered_in_order_before_a_half_close(star
         return total
 
     assert asyncio.run(count()) == 300
+
+
+def test_reading_unknown_queues_creates_nothing(start_broker):
+    """qstat and receipts of names never pushed to answer as for an empty queue, and leave no queue behind:
+    requests that only read cannot grow the broker's table of queues."""
+    broker = start_broker(workers=2)
+
+    async def run():
+        c = await Conn.open(broker.port)
+        for i in range(50):
+            stat = (await c.request({"op": "qstat", "queue": f"ghost.{i}"}))["stat"]
+            assert (stat["messages"], stat["visible"], stat["waiters"]) == (0, 0, 0)
+            ack = await c.request({"op": "qack", "queue": f"ghost.{i}", "receipt": "A" * 22})
+            assert ack == {"ok": False, "error": "unknown_receipt"}
+        bad = await c.request({"op": "qstat", "queue": "ghost.*"})
+        assert bad == {"ok": False, "error": "invalid_queue"}
+        c.close()
+
+    asyncio.run(run())
+    assert broker.http("/queuez")[1]["total"] == 0

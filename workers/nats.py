@@ -114,9 +114,7 @@ class NatsSession(Connection):
             if self.crossed or self.subs:
                 # A publisher's PONG: what it published is delivered.  A subscriber's: what the other workers had
                 # already read for it is delivered (nats-py's drain() trusts that PONG to have flushed them).
-                self.crossed = False
-                self._syncs += 1
-                self.hub.after_inflight(self._synced)
+                self._barrier()
             self._reply(codec.PONG)
         elif op == codec.OP_SUB:
             self._sub(cmd[1], cmd[2], cmd[3])
@@ -133,6 +131,13 @@ class NatsSession(Connection):
         # OP_INFO from a client carries nothing we use
 
     # -- holding: replies wait for subscriptions, everything waits for a password check ---------------------
+    def _barrier(self) -> None:
+        """Replies from here on wait until what this connection published, and what the other workers had read,
+        is delivered (``Hub.after_inflight``)."""
+        self.crossed = False
+        self._syncs += 1
+        self.hub.after_inflight(self._synced)
+
     def _reply(self, data: bytes) -> None:
         """Send ``data`` once every sync point before it is reached (a held reply waits as itself, so that a
         PING's barrier is made once)."""
@@ -167,9 +172,7 @@ class NatsSession(Connection):
             self.corked = True   # first: with no other worker, after_inflight calls back at once
             self.dirty = False
             if self.crossed:
-                self.crossed = False
-                self._syncs += 1
-                self.hub.after_inflight(self._synced)
+                self._barrier()
             return
         super().flush()
 
@@ -349,11 +352,8 @@ class NatsSession(Connection):
         self.subs[sid] = sub
         if not self.hub.subscribe(sub, self._synced):
             self._syncs += 1
-            if self.verbose:
-                self._hold_until_synced((_OP_SEND, codec.OK))
-                return
         if self.verbose:
-            self.send(codec.OK)
+            self._reply(codec.OK)  # held until the subscription is in force everywhere
 
     def _unsub(self, sid: bytes, limit: int | None) -> None:
         sub = self.subs.get(sid)
@@ -367,11 +367,8 @@ class NatsSession(Connection):
                 # after it on this connection (PONG, +OK) waits, so after the PONG nothing more arrives for it.
                 self._syncs += 1
                 self.hub.after_inflight(lambda: self._unsubscribed(sub))
-                if self.verbose:
-                    self._hold_until_synced((_OP_SEND, codec.OK))
-                return
         if self.verbose:
-            self.send(codec.OK)
+            self._reply(codec.OK)
 
     def _unsubscribed(self, sub: Subscription) -> None:
         self.remove_subscription(sub)

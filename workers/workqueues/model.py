@@ -281,14 +281,11 @@ class Queue:
         self.bytes -= len(msg.data)
 
     # -- what clients ask ------------------------------------------------------------------------------------
-    def check_push(self, size: int, priority: int, delay_ms: int) -> None:
+    def check_push(self, size: int) -> None:
+        """Whether a message of ``size`` bytes fits (the caller checked its priority and delay)."""
         s = self.settings
         if size > s.max_message_bytes:
             raise QueueError("message_too_large", max=s.max_message_bytes)
-        if type(priority) is not int or not 0 <= priority <= MAX_PRIORITY:
-            raise QueueError("invalid_priority")
-        if type(delay_ms) is not int or not 0 <= delay_ms <= s.max_delay_ms:
-            raise QueueError("invalid_delay", max=s.max_delay_ms)
         if len(self.messages) >= s.max_messages or self.bytes + size > s.max_bytes:
             self.rejected += 1
             raise QueueError("queue_full", retry=True)

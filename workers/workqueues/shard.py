@@ -24,7 +24,7 @@ from typing import Callable
 from router.subjects import is_valid_literal
 
 from .journal import Journal
-from .model import DLQ_SUFFIX, MS, Queue, QueueError, Settings, is_dlq, receipt_bytes, receipt_text
+from .model import DLQ_SUFFIX, MAX_PRIORITY, MS, Queue, QueueError, Settings, is_dlq, receipt_bytes, receipt_text
 
 log = logging.getLogger("broker.queues")
 
@@ -98,16 +98,31 @@ class Shard:
 
     # -- queues ---------------------------------------------------------------------------------------------
     def queue(self, name: str) -> Queue:
+        """The queue ``name``, created if it does not exist (what stores or waits makes a queue exist)."""
         q = self.queues.get(name)
         if q is None:
-            if type(name) is not str or not is_valid_literal(name, self._max_name):
-                raise QueueError("invalid_queue")
-            settings = self.configured.get(name, self.settings)
-            if is_dlq(name):  # a dead-letter queue never dead-letters: its messages used up their deliveries
-                settings = dataclasses.replace(self.configured.get(name[:-len(DLQ_SUFFIX)], settings),
-                                               max_deliveries=0)
-            q = self.queues[name] = Queue(name, settings, self._at, self.journal.append)
+            q = self.queues[name] = self._new(name)
         return q
+
+    def _look_up(self, name: object) -> Queue | None:
+        """The queue ``name`` if it exists; None if it does not (nothing is created: requests that only read or
+        settle leases must not grow the table); QueueError if ``name`` cannot be a queue's."""
+        q = self.queues.get(name) if type(name) is str else None
+        if q is None:
+            self._valid(name)
+        return q
+
+    def _valid(self, name: object) -> str:
+        if type(name) is not str or not is_valid_literal(name, self._max_name):
+            raise QueueError("invalid_queue")
+        return name
+
+    def _new(self, name: object) -> Queue:
+        name = self._valid(name)
+        settings = self.configured.get(name, self.settings)
+        if is_dlq(name):  # a dead-letter queue never dead-letters: its messages used up their deliveries
+            settings = dataclasses.replace(self.configured.get(name[:-len(DLQ_SUFFIX)], settings), max_deliveries=0)
+        return Queue(name, settings, self._at, self.journal.append)
 
     def _at(self, when: int, q: Queue) -> None:
         heapq.heappush(self._due, (when, q.name))
@@ -178,9 +193,9 @@ class Shard:
             if stored is not None:  # sent again after a crash, and the first one was journaled: one copy
                 return self._pushed(q, stored, args)
         data, kind = args.get("data", b""), args.get("kind", 0)
-        priority = _int(args, "priority", DEFAULT_PRIORITY, 0, 9)
-        delay = _int(args, "delay_ms", 0, 0, self.settings.max_delay_ms)
-        q.check_push(len(data), priority, delay)
+        priority = _int(args, "priority", DEFAULT_PRIORITY, 0, MAX_PRIORITY)
+        delay = _int(args, "delay_ms", 0, 0, q.settings.max_delay_ms)
+        q.check_push(len(data))
         now = time.monotonic_ns()
         msg = q.push(kind, data, priority, now, time.time_ns(), delay, token=token)
         if not delay:
@@ -276,10 +291,8 @@ class Shard:
         return [receipt_bytes(r) for r in many]
 
     def _existing(self, args: dict) -> Queue:
-        name = args.get("queue")
-        q = self.queues.get(name) if type(name) is str else None
-        if q is None:
-            self.queue(name)  # validates the name (an invalid one raises); a valid one just has nothing yet
+        q = self._look_up(args.get("queue"))
+        if q is None:  # a valid name with nothing in it: no receipt of it can be known
             raise QueueError("unknown_receipt")
         return q
 
@@ -326,9 +339,9 @@ class Shard:
 
     def _stat(self, args: dict, holder: tuple, reply: Reply) -> dict:
         name = args.get("queue")
-        q = self.queues.get(name) if type(name) is str else None
+        q = self._look_up(name)
         if q is None:
-            q = self.queue(name)  # validates; an unknown valid name reads as an empty queue
+            q = self._new(name)  # an unknown valid name reads as an empty queue, which is not kept
         if args.get("brief"):  # the counts only, in O(1) (qlite's LEN): no scan for the oldest message
             return {"ok": True, "stat": {"queue": q.name, "visible": q.visible, "in_flight": q.in_flight,
                                          "delayed": q.delayed, "messages": len(q.messages)}}
@@ -345,9 +358,9 @@ class Shard:
         return {"ok": True, "purged": q.purge()}
 
     def _redrive(self, args: dict, holder: tuple, reply: Reply) -> dict:
-        """Move dead letters back: from ``queue`` (a DLQ) to ``to``, which must be owned here too, or by default
-        to the queue each came from (``<queue>`` of ``<queue>.dlq``: the same name hashes elsewhere, so the
-        caller routes redrives of other shards' queues as pushes; here only the same-shard case is done)."""
+        """Move dead letters back: from ``queue`` (a DLQ) to ``to``, by default the queue it belongs to (``<queue>``
+        of ``<queue>.dlq``, placed here with it).  A ``to`` placed on another worker is refused: taking messages
+        here and pushing them there could lose them in between."""
         src = self.queue(args.get("queue"))
         if not is_dlq(src.name):
             raise QueueError("not_a_dlq")
@@ -378,16 +391,13 @@ class Shard:
         """Move what ``q`` dead-lettered to its DLQ, and give freed messages to waiters."""
         if q.dead:
             dead, q.dead = q.dead, []
-            dlq = self.queue(q.name + DLQ_SUFFIX) if not is_dlq(q.name) else None
+            # A DLQ's own dead letters (qdead there) stay in it, visible again: never dropped.
+            dlq = q if is_dlq(q.name) else self.queue(q.name + DLQ_SUFFIX)
             wall = time.time_ns()
             for msg, reason in dead:
-                if dlq is None:  # a DLQ's own dead letters stay where they are: back to visible, never dropped
-                    q.push(msg.kind, msg.data, msg.priority, now, wall, 0, msg_id=msg.id,
-                           enqueued_at=msg.enqueued_at, deliveries=msg.deliveries, reason=reason, source=msg.source)
-                    continue
                 dlq.push(msg.kind, msg.data, msg.priority, now, wall, 0, msg_id=msg.id, enqueued_at=msg.enqueued_at,
-                         deliveries=msg.deliveries, reason=reason, source=q.name)
-            if dlq is not None:
+                         deliveries=msg.deliveries, reason=reason, source=msg.source if dlq is q else q.name)
+            if dlq is not q:
                 self._serve(dlq, now)
         if q.visible:
             self._serve(q, now)
