@@ -34,3 +34,13 @@ def start_broker(tmp_path):
 def broker(start_broker):
     """A 2-worker broker with defaults."""
     return start_broker(workers=2)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session for the whole test run (load tests; its JVM starts once, in ~5 s)."""
+    from cli.loadtest.job import session
+
+    s = session("local[6]", 6, timeout_s=300)
+    yield s
+    s.stop()

@@ -1,0 +1,260 @@
+"""The driver side of a load test: the Spark session, the one barrier stage, live progress, and the rows merged
+into the results directory.
+
+The barrier RDD feeds exactly one ``collect()``: a second action, a cache eviction or a retried task would run
+the load again, so the job sets ``spark.task.maxFailures=1`` and no speculation, and a failed task fails the run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections import defaultdict
+
+from . import plan as planning
+from .accounting import merge_group
+from .scenario import Scenario
+
+# Settings a load test cannot run correctly without (see docs/loadtest.md, "Why these settings").
+REQUIRED_CONF = {
+    "spark.dynamicAllocation.enabled": "false",
+    "spark.speculation": "false",
+    "spark.task.maxFailures": "1",
+    "spark.stage.maxConsecutiveAttempts": "1",
+    "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
+    "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "3",
+}
+
+
+class LoadTestError(Exception):
+    """The run could not happen (Spark, the broker, a task); the message says why in a line or two."""
+
+
+def check_java() -> None:
+    if os.environ.get("JAVA_HOME") or shutil.which("java"):
+        return
+    raise LoadTestError("Spark needs Java and none was found: install a JRE (17 or newer; Debian/Ubuntu: "
+                        "apt-get install openjdk-17-jre-headless) or set JAVA_HOME")
+
+
+def session(master: str | None, tasks: int, scenario: Scenario | None = None, timeout_s: float = 600.0):
+    """A SparkSession with the settings a load test needs.  ``master`` None: whatever spark-submit or the
+    environment set, else ``local[T]`` with a slot per task (barrier stages need every task running at once)."""
+    check_java()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(f"brokerctl loadtest {scenario.name if scenario else ''}".strip())
+    from pyspark import SparkConf
+
+    preset = SparkConf().get("spark.master")
+    local = master is None and preset is None or (master or "").startswith("local")
+    if master is not None or preset is None:
+        builder = builder.master(master or f"local[{max(2, tasks)}]")
+    conf = dict(REQUIRED_CONF)
+    conf["spark.barrier.sync.timeout"] = f"{int(timeout_s)}s"
+    conf["spark.sql.session.timeZone"] = "UTC"       # the tables' timestamps are UTC
+    if local:
+        # Never listen beyond loopback for a local run; the UI is of no use for a seconds-long job.
+        conf.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+                     "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"})
+    if scenario:
+        conf.update(scenario.spark_conf)
+    for k, v in conf.items():
+        builder = builder.config(k, v)
+    try:
+        spark = builder.getOrCreate()
+    except Exception as exc:  # the JVM's reasons come as a wall of text; keep its first line
+        raise LoadTestError(f"Spark could not start: {str(exc).strip().splitlines()[0]}") from None
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def check_endpoints(endpoints: dict[str, str], needed: list[str]) -> None:
+    for name in needed:
+        if name not in endpoints:
+            raise LoadTestError(f"no {name} endpoint: give --broker {name}://HOST:PORT (or [broker] {name} = "
+                                "\"HOST:PORT\" in the scenario)")
+        host, port = planning.split_endpoint(endpoints[name])
+        try:
+            socket.create_connection((host, port), timeout=3).close()
+        except OSError as exc:
+            raise LoadTestError(f"the broker is unreachable at {name}://{host}:{port}: {exc.strerror or exc}") \
+                from None
+
+
+class Progress:
+    """Receives the tasks' per-interval datagrams and prints one live line (stderr) while the job runs."""
+
+    def __init__(self, host: str, enabled: bool) -> None:
+        self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind((host, 0))
+        self.sock.settimeout(0.2)
+        self.address = (host, self.sock.getsockname()[1])
+        self.enabled = enabled
+        self.latest: dict[int, dict] = {}
+        self.stop_flag = threading.Event()
+        self.started = time.monotonic()
+        self.thread = threading.Thread(target=self._run, name="loadtest-progress", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        shown = 0.0
+        while not self.stop_flag.is_set():
+            try:
+                data = self.sock.recv(65536)
+                msg = json.loads(data)
+                self.latest[msg["task"]] = msg
+            except (OSError, ValueError, KeyError):
+                pass
+            if self.enabled and time.monotonic() - shown >= 1.0 and self.latest:
+                shown = time.monotonic()
+                self._show()
+
+    def _show(self) -> None:
+        rows = list(self.latest.values())
+        sent = sum(r["sent"] for r in rows)
+        recv = sum(r["received"] for r in rows)
+        acked = sum(r["acked"] for r in rows)
+        p99 = max((r["p99"] for r in rows), default=0)
+        line = (f"  t+{max(r['i'] for r in rows) + 1:>3}s  sent {sent:>9,}/s  received {recv:>9,}/s  "
+                f"acked {acked:>9,}/s  p99 (worst task) {p99 / 1000:.2f} ms")
+        end = "\r" if sys.stderr.isatty() else "\n"
+        print(line, end=end, file=sys.stderr, flush=True)
+
+    def stop(self) -> None:
+        self.stop_flag.set()
+        self.thread.join(2)
+        self.sock.close()
+        if self.enabled and sys.stderr.isatty():
+            print(file=sys.stderr)
+
+
+def _varz(monitor: str | None) -> str:
+    if not monitor:
+        return ""
+    try:
+        with urllib.request.urlopen(f"{monitor.rstrip('/')}/varz", timeout=3) as r:
+            return r.read().decode()
+    except OSError:
+        return ""
+
+
+def _git_sha() -> str:
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        out = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             timeout=5)
+        return out.stdout.strip() if out.returncode == 0 else ""
+    except OSError:
+        return ""
+
+
+def _failure(exc: Exception) -> str:
+    """The first line of a task's error out of Spark's Java stack traces."""
+    text = str(exc)
+    for marker in ("load test setup failed:", "RuntimeError:", "Exception:", "Error:"):
+        at = text.find(marker)
+        if at >= 0:
+            return text[at:].splitlines()[0].removeprefix("RuntimeError: ")
+    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+
+
+def merge(results: list[dict], run_id: str) -> dict[str, list[dict]]:
+    """Task results into the tables: ordered streams as the tasks counted them; group and queue streams by OR-ing
+    every member's bitmaps against what the publisher sent (and, for queues, what the broker confirmed)."""
+    tables: dict[str, list[dict]] = {"tasks": [], "intervals": [], "streams": [], "clock": []}
+    publishers: dict[int, dict] = {}
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    modes: dict[str, str] = {}
+    for r in results:
+        tables["tasks"].append(r["task"])
+        tables["intervals"] += r["intervals"]
+        tables["streams"] += r["streams"]
+        for p in r["publishers"]:
+            publishers[p["pub_id"]] = p
+            modes[p["workload"]] = "queue" if p["confirmed"] is not None else "group"
+        for m in r["members"]:
+            groups[(m["workload"], m["subject"], m["group"], m["pub_id"])].append(m)
+    for (workload, subject, group, pub_id), members in sorted(groups.items()):
+        p = publishers[pub_id]
+        counts = merge_group(members, p["final"], p["confirmed"])
+        counts.pop("redelivered_reported")
+        tables["streams"].append(dict(counts, run_id=run_id, workload=workload, sub_task=-1, sub_conn=-1,
+                                      subject=subject, group=group, pub_id=pub_id, mode=modes[workload],
+                                      reordered=0, max_reorder_distance=0, early=0, first_seq=-1, last_seq=-1,
+                                      gap_ranges=[], gap_count=0))
+    for row in tables["intervals"]:
+        row["run_id"] = run_id
+    return tables
+
+
+def run(sc: Scenario, endpoints: dict[str, str], out_dir: str, spark=None, master: str | None = None,
+        progress: bool = True, monitor: str | None = None, broker_version: str = "", run_id: str | None = None,
+        tables_uri: str | None = None) -> dict:
+    """Runs the scenario once against ``endpoints`` ({"ndjson": "host:port", ...}); writes ``out_dir``; returns the
+    summary (``summary["passed"]`` says whether every threshold held)."""
+    check_endpoints(endpoints, sc.endpoints_needed())
+    run_id = run_id or uuid.uuid4().hex
+    timeout = sc.setup_timeout * 2 + sc.warmup + sc.duration + sc.drain_timeout + 60
+    specs_count = len(planning.build(sc, run_id, endpoints, None))
+    own_session = spark is None
+    if own_session:
+        spark = session(master, specs_count, sc, timeout)
+    try:
+        return _run(sc, spark, endpoints, out_dir, run_id, progress, monitor, broker_version, tables_uri)
+    finally:
+        if own_session:
+            spark.stop()
+
+
+def _run(sc: Scenario, spark, endpoints: dict[str, str], out_dir: str, run_id: str, progress: bool,
+         monitor: str | None, broker_version: str, tables_uri: str | None) -> dict:
+    from cluster import VERSION
+    from . import results as results_mod
+    from .thresholds import parse
+
+    sctx = spark.sparkContext
+    driver_host = sctx.getConf().get("spark.driver.host", "127.0.0.1")
+    ticker = Progress(driver_host, progress)
+    specs = planning.build(sc, run_id, endpoints, ticker.address)
+    started = dt.datetime.now(dt.timezone.utc)
+    varz_before = _varz(monitor)
+    if progress:
+        print(f"loadtest {sc.name}: {len(specs)} tasks on {sctx.master}, run {run_id[:8]}, "
+              f"{sc.warmup:g}s warm-up + {sc.duration:g}s measured", file=sys.stderr)
+    try:
+        from .task import run_partition
+
+        rdd = sctx.parallelize(specs, len(specs)).barrier().mapPartitions(run_partition)
+        collected = rdd.collect()     # the one action of this RDD: see the module's docstring
+    except Exception as exc:
+        raise LoadTestError(f"the load test failed: {_failure(exc)}") from None
+    finally:
+        ticker.stop()
+    tables = merge(collected, run_id)
+    agreed = collected[0]["t0_wall_ns"] if collected else 0
+    tables["runs"] = [{
+        "run_id": run_id, "name": sc.name, "started_at": started, "scenario_text": sc.text,
+        "scenario_sha256": sc.sha256, "seed": sc.seed, "protocols": sc.protocols, "broker_urls": {
+            k: f"{k}://{v}" for k, v in endpoints.items()}, "broker_version": broker_version,
+        "brokerctl_version": VERSION, "git_sha": _git_sha(), "spark_master": sctx.master,
+        "spark_version": spark.version, "spark_conf": {k: v for k, v in sctx.getConf().getAll()
+                                                       if k.startswith("spark.") and "password" not in k.lower()
+                                                       and "secret" not in k.lower()},
+        "tasks": len(specs), "varz_before": varz_before, "varz_after": _varz(monitor), "status": "",
+        "flags": [], "agreed_start_wall_ns": agreed, "warmup_s": sc.warmup, "duration_s": sc.duration,
+        "interval_s": sc.interval}]
+    thresholds = parse(sc.thresholds, [w.name for w in sc.workloads])
+    return results_mod.write_results(spark, out_dir, tables, thresholds, {"scenario": sc.name},
+                                     tables_uri=tables_uri)

@@ -1,0 +1,601 @@
+"""One Spark task of a load test: one asyncio loop holding the task's connections, from setup to its rows.
+
+The four agreements of a run (see docs/loadtest.md):
+  1. everyone is connected and subscribed → allGather #1 → an agreed start time on the monotonic clock;
+  2. publishers send on their schedules while subscribers count, one row per interval;
+  3. publishers stop → allGather #2 of final sequence numbers (and late subscriptions' confirmation times);
+     with late subscribers, allGather #3 tells each where its expected messages begin;
+  4. subscribers drain until complete or ``drain_timeout``, then everyone returns its rows.
+``allGather`` blocks, so it runs in a thread while the loop keeps reading.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import os
+import socket
+import time
+from array import array
+
+import orjson
+
+from . import frame
+from .accounting import Bitmap, GroupMember, OrderedTracker
+from .conns import Conn, QueueConn, Sink, open_conn
+from .plan import split_endpoint
+from .recorder import Recorder
+from .schedule import Schedule
+
+_now = time.monotonic_ns
+MAX_BATCH = 2000            # messages per connection per write; more stay due (late, so they show as lag)
+START_MARGIN_S = 1.5
+QUIET_S = 0.5               # a queue group's member is drained after this long without a delivery
+
+
+def run_partition(iterator):
+    """The barrier stage's function: one spec in, one result dict out."""
+    from pyspark import BarrierTaskContext
+
+    ctx = BarrierTaskContext.get()
+    spec = next(iter(iterator))
+    infos = ctx.getTaskInfos()
+    where = infos[ctx.partitionId()].address if ctx.partitionId() < len(infos) else ""
+    yield run(spec, ctx.allGather, attempt=ctx.attemptNumber(), executor=where)
+
+
+def run(spec: dict, gather, attempt: int = 0, executor: str = "") -> dict:
+    try:
+        import uvloop
+        return uvloop.run(TaskRun(spec, gather, attempt, executor).main())
+    except ImportError:
+        return asyncio.run(TaskRun(spec, gather, attempt, executor).main())
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip()
+    except OSError:
+        return socket.gethostname()
+
+
+class PubConn:
+    __slots__ = ("spec", "conn", "pub_id", "subject", "seq", "schedule", "batch_t", "batch_seq", "confirmed")
+
+    def __init__(self, spec: dict) -> None:
+        self.spec = spec
+        self.conn: Conn | None = None
+        self.pub_id = spec["pub_id"]
+        self.subject = spec["subject"].encode()
+        self.seq = 0
+        self.schedule: Schedule | None = None
+        self.batch_t = array("q")        # write time and first sequence number of every batch: where a late
+        self.batch_seq = array("q")      # subscriber's expected messages begin is found by bisection
+        self.confirmed = Bitmap()
+
+
+class SubConn:
+    __slots__ = ("spec", "conn", "index", "t_conf", "first", "last_delivery")
+
+    def __init__(self, spec: dict, index: int) -> None:
+        self.spec = spec
+        self.conn: Conn | None = None
+        self.index = index
+        self.t_conf = 0          # when the subscription was confirmed (late subscribers)
+        self.first: dict[int, int] = {}
+        self.last_delivery = 0
+
+
+class TaskRun(Sink):
+    def __init__(self, spec: dict, gather, attempt: int, executor: str) -> None:
+        self.spec = spec
+        self.gather_fn = gather
+        self.attempt = attempt
+        self.executor = executor
+        self.w = spec["workload"]
+        self.protocol = self.w["protocol"]
+        self.role = spec["role"]
+        self.publishing = self.role in ("publisher", "producer")
+        self.grouped = self.protocol == "queue" or self.w["consumers_per_subscription"] > 1
+        self.closed_model = self.w["model"] == "closed"
+        self.host, self.port = split_endpoint(spec["endpoint"])
+        self.password = os.environ.get(spec["password_env"]) if spec["user"] else None
+        self.interval_ns = int(spec["interval"] * 1e9)
+        self.rec = Recorder(spec["run_id"], self.w["name"], spec["task"], spec["interval"], spec["warmup"],
+                            spec["duration"])
+        self.pubs = [PubConn(c) for c in spec["conns"]] if self.publishing else []
+        self.subs = [SubConn(c, i) for i, c in enumerate(spec["conns"])] if not self.publishing else []
+        self.trackers: dict[tuple[int, int], OrderedTracker] = {}
+        self.members: dict[tuple[int, int], GroupMember] = {}
+        self.errors: dict[str, int] = {}
+        self.reconnects = 0
+        self.stopping = False
+        self.t0 = 0
+        self.offsets: dict[int, int] = {}     # task on another host -> ns from its monotonic clock to ours
+        self.cpu_peak = 0.0
+        self.all_conns: list[Conn] = []     # every connection opened, for the byte counts
+        self.bytes_counted = (0, 0)
+
+    # ---- Sink ---------------------------------------------------------------------------------------------
+    def deliver(self, conn, pub_id, seq, t_int, t_w, t_recv) -> None:
+        cur = self.rec.cur
+        cur.received += 1
+        self._latency(cur, pub_id, t_int, t_w, t_recv)
+        key = (conn.index, pub_id)
+        if self.grouped:
+            m = self.members.get(key)
+            if m is None:
+                m = self.members[key] = GroupMember()
+            m.deliveries += 1
+            m.seen.set(seq)
+        else:
+            t = self.trackers.get(key)
+            if t is None:
+                t = self.trackers[key] = OrderedTracker()
+            t.add(seq)
+        self.subs[conn.index].last_delivery = t_recv
+
+    def _latency(self, cur, pub_id: int, t_int: int, t_w: int, t_recv: int) -> None:
+        shift = self.offsets.get(pub_id >> 16) if self.offsets else None
+        if shift is None:
+            cur.e2e_corrected.append((t_recv - t_int) // 1000)
+            cur.e2e_raw.append((t_recv - t_w) // 1000)
+        else:
+            cur.e2e_cross.append((t_recv - t_int - shift) // 1000)
+
+    def acked(self, conn, entry, ok, t_recv, detail=None) -> None:
+        t_int, t_w, pub_id, seq = entry
+        cur = self.rec.cur
+        if ok:
+            cur.acked += 1
+            cur.ack_corrected.append((t_recv - t_int) // 1000)
+            cur.ack_raw.append((t_recv - t_w) // 1000)
+            if self.protocol == "queue":
+                self.pubs[pub_id & 0xFFFF].confirmed.set(seq)
+        else:
+            cur.send_errors += 1
+            self.error(f"publish refused: {detail}")
+        if self.closed_model and not self.stopping and len(conn.pending) <= self.w["window"] // 2:
+            self._refill(self.pubs[pub_id & 0xFFFF])
+
+    def lost_connection(self, conn, why) -> None:
+        if not self.stopping:
+            self.error(f"connection lost: {why}")
+
+    def error(self, text: str) -> None:
+        if text in self.errors or len(self.errors) < 20:
+            self.errors[text] = self.errors.get(text, 0) + 1
+
+    # ---- setup --------------------------------------------------------------------------------------------
+    async def connect(self, index: int, verbose: bool) -> Conn:
+        conn = await open_conn(self.protocol, self.host, self.port, self, index, self.spec["user"], self.password,
+                               self.spec["setup_timeout"], verbose)
+        self.all_conns.append(conn)
+        return conn
+
+    async def setup(self) -> None:
+        verbose = self.closed_model and self.protocol == "nats"
+        for i, p in enumerate(self.pubs):
+            p.conn = await self.connect(i, verbose)
+        for s in self.subs:
+            s.conn = await self.connect(s.index, False)
+            if not s.spec["late"]:
+                await s.conn.subscribe(s.spec["subject"], s.spec["group"], self.spec["setup_timeout"])
+        if self.protocol == "queue" and self.subs:
+            self.control = await self.connect(len(self.subs), False)
+
+    async def gather(self, payload: dict) -> list[dict]:
+        msg = orjson.dumps(payload).decode()
+        replies = await asyncio.get_running_loop().run_in_executor(None, self.gather_fn, msg)
+        return [orjson.loads(r) for r in replies]
+
+    # ---- the run ------------------------------------------------------------------------------------------
+    async def main(self) -> dict:
+        import psutil
+
+        self.proc = psutil.Process()
+        cpu0 = self.proc.cpu_times()
+        setup_error = ""
+        try:
+            await asyncio.wait_for(self.setup(), self.spec["setup_timeout"])
+        except Exception as exc:  # reported to every task through the gather, so the whole run fails with it
+            setup_error = f"task {self.spec['task']} ({self.role}, {self.spec['endpoint']}): " \
+                          f"{type(exc).__name__}: {exc}".rstrip(": ")
+        wall, mono = time.time_ns(), _now()
+        infos = await self.gather({"task": self.spec["task"], "host": socket.gethostname(), "boot_id": _boot_id(),
+                                   "wall_ns": wall, "mono_ns": mono, "error": setup_error})
+        failed = [i["error"] for i in infos if i["error"]]
+        if failed:
+            self.close_all()
+            raise RuntimeError("load test setup failed: " + "; ".join(failed))
+        self.wall_minus_mono = wall - mono
+        margin = START_MARGIN_S + 0.1 * (len(infos) // 100)
+        t0_wall = max(i["wall_ns"] for i in infos) + int(margin * 1e9)
+        self.t0 = t0_wall - self.wall_minus_mono
+        # Tasks on another host stamp with their own monotonic clock: their stamps move onto ours through wall
+        # time (as good as the hosts' clock sync), and go into the e2e_cross histogram, never the exact one.
+        mine = _boot_id()
+        self.offsets = {i["task"]: (i["wall_ns"] - i["mono_ns"]) - self.wall_minus_mono
+                        for i in infos if i["boot_id"] != mine}
+        await asyncio.sleep(max(0.0, (self.t0 - _now()) / 1e9 - 0.002))
+        while _now() < self.t0:
+            pass   # the last 2 ms on the CPU: sleep granularity would otherwise be the start skew
+        self.start_skew_us = (_now() - self.t0) // 1000
+        self._cpu_last, self._t_last = sum(self.proc.cpu_times()[:2]), time.monotonic()
+        ticker = asyncio.create_task(self.intervals())
+        try:
+            if self.publishing:
+                await self.publish()
+                finals = {str(p.pub_id): [p.spec["subject"], p.seq] for p in self.pubs}
+                round2 = await self.gather({"task": self.spec["task"], "finals": finals, "late": {}})
+            else:
+                work = asyncio.create_task(self.receive())
+                end = self.t0 + int((self.spec["warmup"] + self.spec["duration"]) * 1e9)
+                await asyncio.sleep(max(0.0, (end - _now()) / 1e9))
+                late = {f"{self.spec['task']}:{s.index}": s.t_conf for s in self.subs if s.spec["late"]}
+                round2 = await self.gather({"task": self.spec["task"], "finals": {}, "late": late})
+            finals = {int(k): v for r in round2 for k, v in r["finals"].items()}
+            if self.spec["late_round"]:
+                late = {k: v for r in round2 for k, v in r["late"].items()}
+                round3 = await self.gather({"first": self.first_seqs(late)})
+                for r in round3:
+                    for key, firsts in r["first"].items():
+                        task, _, conn = key.partition(":")
+                        if int(task) == self.spec["task"]:
+                            self.subs[int(conn)].first.update({int(k): v for k, v in firsts.items()})
+            if self.publishing:
+                await self.settle()
+            else:
+                await self.drain(finals)
+                # Consumers finish their current receive and wait for their acks' replies, so every ack the
+                # broker answered is counted; then anything left is cut.
+                self.stopping = True
+                done, _ = await asyncio.wait([work], timeout=self.w["queue"]["wait"] + 2)
+                if not done:
+                    work.cancel()
+                await asyncio.gather(work, return_exceptions=True)
+        finally:
+            self.stopping = True
+            ticker.cancel()
+            await asyncio.gather(ticker, return_exceptions=True)
+            self.close_all()
+        self.roll()
+        return self.result(finals if not self.publishing else {}, cpu0)
+
+    def first_seqs(self, late: dict[str, int]) -> dict:
+        """For each late subscription: the first sequence number of each of our publishers that it must get."""
+        out = {}
+        for key, t_conf in late.items():
+            task = int(key.partition(":")[0])
+            t_local = t_conf + self.offsets.get(task, 0)
+            firsts = {}
+            for p in self.pubs:
+                i = bisect.bisect_left(p.batch_t, t_local)
+                firsts[str(p.pub_id)] = p.batch_seq[i] if i < len(p.batch_seq) else p.seq
+            out[key] = firsts
+        return out
+
+    async def intervals(self) -> None:
+        while True:
+            end = self.t0 + (self.rec.index + 1) * self.interval_ns
+            await asyncio.sleep(max(0.0, (end - _now()) / 1e9))
+            self.progress(self.roll())
+
+    def roll(self) -> dict:
+        """Closes the current interval, with what the plan meant to send in it (the open model's target)."""
+        if self.publishing and not self.closed_model:
+            lo = self.t0 + self.rec.index * self.interval_ns
+            self.rec.cur.target = sum(p.schedule.planned(lo, lo + self.interval_ns) for p in self.pubs
+                                      if p.schedule is not None)
+        out = sum(c.bytes_out for c in self.all_conns)
+        inb = sum(c.bytes_in for c in self.all_conns)
+        self.rec.cur.bytes_out, self.rec.cur.bytes_in = out - self.bytes_counted[0], inb - self.bytes_counted[1]
+        self.bytes_counted = (out, inb)
+        return self.rec.roll(self.cpu_pct())
+
+    def cpu_pct(self) -> float:
+        """This process's CPU since the last call, in % of one core."""
+        cpu, t = self.proc.cpu_times(), time.monotonic()
+        pct = 100.0 * ((cpu.user + cpu.system) - self._cpu_last) / max(1e-6, t - self._t_last)
+        self._cpu_last, self._t_last = cpu.user + cpu.system, t
+        self.cpu_peak = max(self.cpu_peak, pct)
+        return pct
+
+    def progress(self, row: dict) -> None:
+        where = self.spec.get("progress")
+        if not where:
+            return
+        msg = {"task": self.spec["task"], "workload": self.w["name"], "role": self.role, "i": row["interval"],
+               "sent": row["sent"], "acked": row["acked"], "received": row["received"],
+               "p99": self.rec.last_p99_us}
+        try:
+            with socket.socket(socket.AF_INET6 if ":" in where[0] else socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.sendto(orjson.dumps(msg), (where[0], where[1]))
+        except OSError:
+            pass    # progress is a courtesy; the rows carry the results
+
+    # ---- publishers ---------------------------------------------------------------------------------------
+    async def publish(self) -> None:
+        stages = [tuple(s) for s in self.spec["stages"]]
+        poisson = self.w["arrival"] == "poisson"
+        for p in self.pubs:
+            p.schedule = Schedule(self.t0, stages, p.spec["share"], poisson, self.spec["seed"] * 1_000_003 + p.pub_id)
+        tick = self.spec["tick"]
+        if self.closed_model:
+            end = self.t0 + int((self.spec["warmup"] + self.spec["duration"]) * 1e9)
+            for p in self.pubs:
+                self._refill(p)
+            while _now() < end:
+                await asyncio.sleep(min(0.05, (end - _now()) / 1e9))
+                for p in self.pubs:
+                    if p.conn is None or p.conn.closed.done():
+                        await self.reconnect_pub(p)
+            self.stopping = True
+            return
+        size = self.w["size"]
+        while True:
+            now = _now()
+            left = False
+            for p in self.pubs:
+                if p.schedule.next is None:
+                    continue
+                left = True
+                conn = p.conn
+                if conn is None or conn.closed.done():
+                    await self.reconnect_pub(p)
+                    continue
+                if conn.paused:
+                    continue      # the socket is full: the schedule runs on, and the lag will show
+                due = p.schedule.due(now, MAX_BATCH)
+                if due:
+                    self._send(p, due, size)
+            if not left:
+                return
+            await asyncio.sleep(tick)
+
+    def _send(self, p: PubConn, due: list[int], size: int) -> None:
+        first = p.seq
+        items = [(p.pub_id, first + i, t) for i, t in enumerate(due)]
+        p.seq += len(due)
+        t_w = _now()
+        p.conn.publish(p.subject, items, size)
+        p.batch_t.append(t_w)
+        p.batch_seq.append(first)
+        cur = self.rec.cur
+        cur.sent += len(due)
+        lag = cur.send_lag
+        for t in due:
+            lag.append((t_w - t) // 1000)
+
+    def _refill(self, p: PubConn) -> None:
+        """Closed model: top the connection up to its window; intended time = now (not coordinated-omission safe)."""
+        if p.conn is None or p.conn.closed.done():
+            return
+        want = self.w["window"] - len(p.conn.pending)
+        if want > 0:
+            now = _now()
+            self._send(p, [now] * want, self.w["size"])
+
+    async def reconnect_pub(self, p: PubConn) -> None:
+        if p.conn is not None:
+            p.conn = None
+            self.reconnects += 1
+        try:
+            p.conn = await self.connect(self.pubs.index(p), self.closed_model and self.protocol == "nats")
+        except (OSError, asyncio.TimeoutError, ConnectionError) as exc:
+            self.error(f"reconnect failed: {type(exc).__name__}: {exc}")
+            await asyncio.sleep(0.2)
+            return
+        if self.closed_model:
+            self._refill(p)
+
+    async def settle(self) -> None:
+        """After the last send: wait (up to drain_timeout) for the replies still due, so acks are complete."""
+        deadline = time.monotonic() + self.spec["drain_timeout"]
+        while time.monotonic() < deadline:
+            if all(p.conn is None or p.conn.closed.done() or not p.conn.pending for p in self.pubs):
+                return
+            await asyncio.sleep(0.01)
+
+    # ---- subscribers and consumers ------------------------------------------------------------------------
+    async def receive(self) -> None:
+        tasks = []
+        if any(s.spec["late"] for s in self.subs):
+            tasks.append(asyncio.create_task(self.join_late()))
+        if self.protocol == "queue":
+            tasks += [asyncio.create_task(self.consume(s)) for s in self.subs]
+        tasks.append(asyncio.create_task(self.watch()))
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    async def join_late(self) -> None:
+        at = self.t0 + int((self.spec["warmup"] + self.w["late_after"]) * 1e9)
+        await asyncio.sleep(max(0.0, (at - _now()) / 1e9))
+        for s in self.subs:
+            if s.spec["late"]:
+                await s.conn.subscribe(s.spec["subject"], s.spec["group"], self.spec["setup_timeout"])
+                s.t_conf = _now()
+
+    async def watch(self) -> None:
+        """Reconnects subscribers whose connection dropped (a broker worker killed, say) and subscribes again."""
+        while not self.stopping:
+            await asyncio.sleep(0.05)
+            for s in self.subs:
+                if s.conn is not None and s.conn.closed.done() and not self.stopping:
+                    self.reconnects += 1
+                    try:
+                        s.conn = await self.connect(s.index, False)
+                        if not s.spec["late"] or s.t_conf:
+                            await s.conn.subscribe(s.spec["subject"], s.spec["group"], self.spec["setup_timeout"])
+                    except (OSError, asyncio.TimeoutError, ConnectionError) as exc:
+                        self.error(f"reconnect failed: {type(exc).__name__}: {exc}")
+
+    async def consume(self, s: SubConn) -> None:
+        q = self.w["queue"]
+        recv = {"op": "qrecv", "queue": s.spec["subject"], "max": q["batch"], "wait_ms": int(q["wait"] * 1000),
+                "visibility_ms": int(q["visibility"] * 1000)}
+        timeout = q["wait"] + self.spec["setup_timeout"]
+        abandon = int(q["abandon"] * 1_000_000)
+        acks: set[asyncio.Task] = set()
+        while not self.stopping:
+            conn = s.conn
+            if not isinstance(conn, QueueConn) or conn.closed.done():
+                await asyncio.sleep(0.05)     # watch() reconnects it
+                continue
+            try:
+                reply, t_recv = await conn.call(recv, timeout)
+            except (ConnectionError, asyncio.TimeoutError) as exc:
+                self.error(f"qrecv: {type(exc).__name__}")
+                continue
+            if not reply.get("ok"):
+                self.error(f"qrecv: {reply.get('error')}")
+                await asyncio.sleep(0.05)
+                continue
+            receipts, owners = [], []
+            cur = self.rec.cur
+            for m in reply["messages"]:
+                pub_id, seq, t_int, t_w = frame.parse_text(m["data"])
+                key = (s.index, pub_id)
+                member = self.members.get(key)
+                if member is None:
+                    member = self.members[key] = GroupMember()
+                member.deliveries += 1
+                member.seen.set(seq)
+                cur.received += 1
+                if m["deliveries"] > 1:
+                    member.redelivered_reported += 1
+                    cur.redelivered += 1
+                else:
+                    # Latency of first deliveries only: a redelivery's lateness is the lease, by design.
+                    self._latency(cur, pub_id, t_int, t_w, t_recv)
+                    if abandon and (pub_id * 1_000_003 + seq * 7919) % 1_000_000 < abandon:
+                        continue      # let this lease expire: the broker must deliver it again
+                receipts.append(m["receipt"])
+                owners.append((member, seq))
+            s.last_delivery = t_recv
+            if receipts:
+                ack = asyncio.create_task(self._ack(conn, s.spec["subject"], receipts, owners))
+                acks.add(ack)
+                ack.add_done_callback(acks.discard)
+        if acks:
+            await asyncio.gather(*acks, return_exceptions=True)
+
+    async def _ack(self, conn: QueueConn, queue: str, receipts: list[str], owners: list) -> None:
+        try:
+            reply, _ = await conn.call({"op": "qack", "queue": queue, "receipts": receipts},
+                                       self.spec["setup_timeout"])
+        except (ConnectionError, asyncio.TimeoutError):
+            self.error("qack: no reply (connection lost)")
+            return
+        results = reply.get("results")
+        if not reply.get("ok") or results is None:
+            self.error(f"qack: {reply.get('error')}")
+            return
+        for (member, seq), r in zip(owners, results):
+            if r.get("ok") and not r.get("already_acked") and not r.get("purged"):
+                member.acks_ok += 1
+                member.acked.set(seq)
+            elif not r.get("ok"):
+                self.error(f"qack: {r.get('error')}")
+
+    async def drain(self, finals: dict[int, list]) -> None:
+        """Until every expected message arrived (ordered), the group went quiet, or the queue is empty."""
+        deadline = _now() + int(self.spec["drain_timeout"] * 1e9)
+        expected = {}
+        for s in self.subs:
+            for pub_id, (subj, final) in finals.items():
+                if subj == s.spec["subject"]:
+                    expected[(s.index, pub_id)] = final
+        while _now() < deadline:
+            if self.protocol == "queue":
+                if await self.queues_empty():
+                    return
+                await asyncio.sleep(0.1)
+                continue
+            if self.grouped:
+                last = max((s.last_delivery for s in self.subs), default=0)
+                if _now() - max(last, self.t_end()) > QUIET_S * 1e9:
+                    return
+            elif all(self.trackers.get(k) is not None and self.trackers[k].complete(f) for k, f in expected.items()):
+                return
+            await asyncio.sleep(0.02)
+
+    async def queues_empty(self) -> bool:
+        """Every queue this task consumes holds nothing: no visible, leased or delayed message."""
+        for queue in sorted({s.spec["subject"] for s in self.subs}):
+            try:
+                if self.control.closed.done():
+                    self.control = await self.connect(len(self.subs), False)
+                reply, _ = await self.control.call({"op": "qstat", "queue": queue}, 5)
+            except (OSError, asyncio.TimeoutError):
+                return False
+            if reply.get("ok") and (reply.get("stat") or {}).get("messages", 1) != 0:
+                return False
+        return True
+
+    def t_end(self) -> int:
+        return self.t0 + int((self.spec["warmup"] + self.spec["duration"]) * 1e9)
+
+    def close_all(self) -> None:
+        self.stopping = True
+        for c in [p.conn for p in self.pubs] + [s.conn for s in self.subs] + [getattr(self, "control", None)]:
+            if c is not None:
+                c.close()
+
+    # ---- rows ---------------------------------------------------------------------------------------------
+    def result(self, finals: dict[int, list], cpu0) -> dict:
+        spec, w = self.spec, self.w
+        run_id, name = spec["run_id"], w["name"]
+        cpu = self.proc.cpu_times()
+        measured = [r for r in self.rec.rows if r["phase"] == "measure"]
+        measure_s = max(1e-9, len(measured) * spec["interval"])
+        lag_p99 = self.rec.measure_send_lag.get_value_at_percentile(99) if \
+            self.rec.measure_send_lag.get_total_count() else 0
+        busy = self.cpu_peak > 85.0
+        lagging = lag_p99 > max(5 * spec["tick"] * 1e6, 2000)
+        topic_rate = w["rate"] / max(1, w["topics"])
+        if self.publishing:
+            achieved = sum(r["sent"] for r in measured) / measure_s
+            target = sum(p.spec["share"] for p in self.pubs) * w["rate"]
+        else:
+            achieved = sum(r["received"] for r in measured) / measure_s
+            target = len(self.subs) * topic_rate / (w["consumers_per_subscription"] if self.grouped else 1)
+        task_row = {
+            "run_id": run_id, "task": spec["task"], "attempt": self.attempt, "workload": name, "role": self.role,
+            "host": socket.gethostname(), "boot_id": _boot_id(), "pid": os.getpid(), "executor_id": self.executor,
+            "conns": len(spec["conns"]), "pub_ids": [p.pub_id for p in self.pubs], "target_rate": target,
+            "achieved_rate": achieved, "start_skew_us": self.start_skew_us,
+            "wall_minus_mono_start_ns": self.wall_minus_mono,
+            "wall_minus_mono_end_ns": time.time_ns() - _now(),
+            "cpu_user_s": cpu.user - cpu0.user, "cpu_sys_s": cpu.system - cpu0.system,
+            "max_rss_bytes": self.proc.memory_info().rss, "cpu_peak_pct": self.cpu_peak,
+            "send_lag_p99_us": lag_p99,
+            "generator_bound": bool(self.publishing and not self.closed_model and (busy or lagging)),
+            "reconnects": self.reconnects,
+            "errors": [f"{k} (x{n})" if n > 1 else k for k, n in self.errors.items()]}
+        streams, members = [], []
+        for s in self.subs:
+            subj = s.spec["subject"]
+            for pub_id, (psubj, final) in finals.items():
+                if psubj != subj:
+                    continue
+                key = (s.index, pub_id)
+                if self.grouped:
+                    m = self.members.get(key) or GroupMember()
+                    members.append(dict(m.row(), workload=name, subject=subj, group=s.spec["group"],
+                                        pub_id=pub_id))
+                else:
+                    t = self.trackers.get(key) or OrderedTracker()
+                    streams.append(dict(t.result(final, s.first.get(pub_id, 0)), run_id=run_id, workload=name,
+                                        sub_task=spec["task"], sub_conn=s.index, subject=subj, group="",
+                                        pub_id=pub_id, mode="ordered", redeliveries=0, unacked=0,
+                                        unconfirmed=0))
+        publishers = [{"workload": name, "pub_id": p.pub_id, "subject": p.spec["subject"], "final": p.seq,
+                       "confirmed": p.confirmed.encode() if self.protocol == "queue" else None}
+                      for p in self.pubs]
+        return {"task": task_row, "intervals": self.rec.rows, "streams": streams, "members": members,
+                "publishers": publishers, "t0_wall_ns": self.t0 + self.wall_minus_mono}
