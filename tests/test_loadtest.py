@@ -347,3 +347,12 @@ def test_scenario_examples_in_deploy_parse():
     assert files
     for f in files:
         scenario.load(str(f))
+
+
+def test_too_few_spark_slots_is_one_clear_line(broker, tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text('[[workload]]\nprotocol = "ndjson"\n')    # a publisher task and a subscriber task
+    r = _cli(str(path), "--broker", f"ndjson://127.0.0.1:{broker.port}", "--master", "local[1]", "--no-progress",
+             "-o", str(tmp_path / "out"))
+    assert r.returncode == 3, r.stderr[-2000:]
+    assert "fewer task slots than the plan's 2 tasks" in r.stderr and "Traceback" not in r.stderr

@@ -160,9 +160,13 @@ def _git_sha() -> str:
         return ""
 
 
-def _failure(exc: Exception) -> str:
+def _failure(exc: Exception, tasks: int) -> str:
     """The first line of a task's error out of Spark's Java stack traces."""
     text = str(exc)
+    if "SPARK-24819" in text:
+        return (f"Spark has fewer task slots than the plan's {tasks} tasks, and a barrier stage needs them all at "
+                "once: give executors x cores >= tasks (or local[N] with N >= tasks), or lower publisher_tasks/"
+                "subscriber_tasks")
     for marker in ("load test setup failed:", "RuntimeError:", "Exception:", "Error:"):
         at = text.find(marker)
         if at >= 0:
@@ -239,7 +243,7 @@ def _run(sc: Scenario, spark, endpoints: dict[str, str], out_dir: str, run_id: s
         rdd = sctx.parallelize(specs, len(specs)).barrier().mapPartitions(run_partition)
         collected = rdd.collect()     # the one action of this RDD: see the module's docstring
     except Exception as exc:
-        raise LoadTestError(f"the load test failed: {_failure(exc)}") from None
+        raise LoadTestError(f"the load test failed: {_failure(exc, len(specs))}") from None
     finally:
         ticker.stop()
     tables = merge(collected, run_id)

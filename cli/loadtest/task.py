@@ -114,6 +114,7 @@ class TaskRun(Sink):
         self.t0 = 0
         self.offsets: dict[int, int] = {}     # task on another host -> ns from its monotonic clock to ours
         self.cpu_peak = 0.0
+        self._rolling: asyncio.Future | None = None
         self.all_conns: list[Conn] = []     # every connection opened, for the byte counts
         self.bytes_counted = (0, 0)
 
@@ -259,6 +260,8 @@ class TaskRun(Sink):
             self.stopping = True
             ticker.cancel()
             await asyncio.gather(ticker, return_exceptions=True)
+            if self._rolling is not None:
+                await self._rolling
             self.close_all()
         self.roll()
         return self.result(finals if not self.publishing else {}, cpu0)
@@ -280,10 +283,25 @@ class TaskRun(Sink):
         while True:
             end = self.t0 + (self.rec.index + 1) * self.interval_ns
             await asyncio.sleep(max(0.0, (end - _now()) / 1e9))
-            self.progress(self.roll())
+            # Shielded: cancelling the ticker at the end must not lose an interval half rolled.
+            self._rolling = asyncio.ensure_future(self.roll_async())
+            self.progress(await asyncio.shield(self._rolling))
+
+    async def roll_async(self) -> dict:
+        steps = self.rec.roll_steps(self._close_counters())
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+            await asyncio.sleep(0)
 
     def roll(self) -> dict:
-        """Closes the current interval, with what the plan meant to send in it (the open model's target)."""
+        return self.rec.roll(self._close_counters())
+
+    def _close_counters(self) -> float:
+        """Fills the current interval's counters that are not counted as they happen: what the plan meant to send in
+        it (the open model's target) and the bytes; returns the CPU use since the last interval."""
         if self.publishing and not self.closed_model:
             lo = self.t0 + self.rec.index * self.interval_ns
             self.rec.cur.target = sum(p.schedule.planned(lo, lo + self.interval_ns) for p in self.pubs
@@ -292,7 +310,7 @@ class TaskRun(Sink):
         inb = sum(c.bytes_in for c in self.all_conns)
         self.rec.cur.bytes_out, self.rec.cur.bytes_in = out - self.bytes_counted[0], inb - self.bytes_counted[1]
         self.bytes_counted = (out, inb)
-        return self.rec.roll(self.cpu_pct())
+        return self.cpu_pct()
 
     def cpu_pct(self) -> float:
         """This process's CPU since the last call, in % of one core."""
@@ -557,13 +575,20 @@ class TaskRun(Sink):
             self.rec.measure_send_lag.get_total_count() else 0
         busy = self.cpu_peak > 85.0
         lagging = lag_p99 > max(5 * spec["tick"] * 1e6, 2000)
-        topic_rate = w["rate"] / max(1, w["topics"])
+        # The plan's mean rate over the measure phase (stages included), for the imbalance figures.
+        warm, dur = spec["warmup"], spec["duration"]
+        at, planned = 0.0, 0.0
+        for length, rate in spec["stages"]:
+            planned += rate * max(0.0, min(at + length, warm + dur) - max(at, warm))
+            at += length
+        mean_rate = planned / dur
         if self.publishing:
             achieved = sum(r["sent"] for r in measured) / measure_s
-            target = sum(p.spec["share"] for p in self.pubs) * w["rate"]
+            target = 0.0 if self.closed_model else sum(p.spec["share"] for p in self.pubs) * mean_rate
         else:
             achieved = sum(r["received"] for r in measured) / measure_s
-            target = len(self.subs) * topic_rate / (w["consumers_per_subscription"] if self.grouped else 1)
+            per_conn = mean_rate / max(1, w["topics"]) / (w["consumers_per_subscription"] if self.grouped else 1)
+            target = 0.0 if self.closed_model else len(self.subs) * per_conn
         task_row = {
             "run_id": run_id, "task": spec["task"], "attempt": self.attempt, "workload": name, "role": self.role,
             "host": socket.gethostname(), "boot_id": _boot_id(), "pid": os.getpid(), "executor_id": self.executor,
