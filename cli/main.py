@@ -10,8 +10,10 @@ import click
 
 # Each command imports what it needs: `start` is on the broker's start-up path, and the client (asyncio), orjson
 # and the password prompts are not.  (scripts/startup_time.py measures it; see docs/performance.md.)
-from .connect import connect as _connect, connection_options as _connection_options, parse_data
+from .connect import (admin_connection_options, connect as _connect, connection_options as _connection_options,
+                      given, parse_data, shared_option)
 from .queue_cmd import queue
+from .loadtest.command import loadtest
 
 
 def _count(value: str | None) -> Any:
@@ -24,9 +26,24 @@ def _count(value: str | None) -> Any:
         return value
 
 
+def _version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from cluster import VERSION  # looked up only when asked: it costs the start-up path ~15 ms
+
+    click.echo(f"brokerctl (shardbroker) {VERSION}")
+    ctx.exit()
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-V", "--version", is_flag=True, expose_value=False, is_eager=True, callback=_version,
+              help="Print the version and exit.")
 def cli() -> None:
-    """A multiprocess sharded pub/sub broker for one machine: Jolt NDJSON, NATS core and Bridge clients."""
+    """A multiprocess sharded pub/sub broker for one machine: Jolt NDJSON, NATS core and Bridge clients.
+
+    The client commands (pub, sub, user, queue) reach the broker named by --host/-p, else by $BROKER_URL
+    ([ndjson://]HOST[:PORT]), else 127.0.0.1:8080.
+    """
 
 
 @cli.command()
@@ -80,12 +97,12 @@ def start(config_path: str | None, workers: str | None, bind: str | None, port: 
 @click.option("--json", "as_json", is_flag=True, help="DATA is JSON (default: a string).")
 @click.argument("topic")
 @click.argument("data")
-def pub(host: str, port: int, user: str | None, as_json: bool, topic: str, data: str) -> None:
+def pub(as_json: bool, topic: str, data: str) -> None:
     """Publish DATA to TOPIC."""
     from .client import BrokerError
 
     value = parse_data(data, as_json)
-    with _connect(host, port, user) as client:
+    with _connect() as client:
         try:
             client.pub(topic, value)
         except BrokerError as exc:
@@ -97,13 +114,13 @@ def pub(host: str, port: int, user: str | None, as_json: bool, topic: str, data:
 @click.option("-n", "--count", type=int, help="Exit after this many messages.")
 @click.option("--data-only", is_flag=True, help="Print only each message's data.")
 @click.argument("topics", nargs=-1, required=True)
-def sub(host: str, port: int, user: str | None, count: int | None, data_only: bool, topics: tuple[str, ...]) -> None:
+def sub(count: int | None, data_only: bool, topics: tuple[str, ...]) -> None:
     """Subscribe to TOPICS and print each delivery as a JSON line until Ctrl-C."""
     import orjson
 
     from .client import BrokerError
 
-    with _connect(host, port, user) as client:
+    with _connect() as client:
         try:
             for topic in topics:
                 client.sub(topic)
@@ -138,99 +155,117 @@ def hash_password(iterations: int) -> None:
     click.echo(make_hash(secrets.new_password("password"), iterations))
 
 
+_QUIET = shared_option("-q", "--quiet", is_flag=True, default=None, help="Do not say what changed.")
+
+
+def _user_command(name: str):
+    """A ``brokerctl user`` command: it takes the connection options and --quiet too, after its name."""
+    def decorate(fn):
+        return user.command(name)(admin_connection_options(_QUIET(fn)))
+    return decorate
+
+
 @cli.group()
-@click.option("--host", default="127.0.0.1", show_default=True, help="Broker address.")
-@click.option("-p", "--port", default=8080, show_default=True, help="Broker NDJSON port.")
-@click.option("--admin", "admin_user", envvar="BROKER_ADMIN_USER", default="admin", show_default=True,
-              help="Administrator to authenticate as ($BROKER_ADMIN_USER).")
-@click.pass_context
-def user(ctx: click.Context, host: str, port: int, admin_user: str) -> None:
+@admin_connection_options
+@_QUIET
+def user() -> None:
     """Manage users through the admin protocol.
 
     The administrator's password comes from $BROKER_ADMIN_PASSWORD or a prompt; a new user's password from a
-    prompt or, when standard input is not a terminal, its first line.
+    prompt or, when standard input is not a terminal, its first line.  Each change is said in one line on
+    standard output (-q: nothing).
     """
-    ctx.obj = (host, port, admin_user)
 
 
-def _admin_call(ctx: click.Context, op: str, **fields):
+def _admin_call(op: str, **fields):
     from .client import BrokerError
 
-    host, port, admin_user = ctx.obj
-    with _connect(host, port, admin_user, password_env="BROKER_ADMIN_PASSWORD") as client:
+    with _connect(as_admin=True) as client:
         try:
             return client.request(op, **fields)
         except BrokerError as exc:
             raise click.ClickException(f"{op}: {exc.reason}") from None
 
 
-def _permissions_of(ctx: click.Context, name: str) -> list[str]:
-    for entry in _admin_call(ctx, "admin.list_users")["users"]:
+def _changed(line: str) -> None:
+    if not given("quiet"):
+        click.echo(line)
+
+
+def _permissions_of(name: str) -> list[str]:
+    for entry in _admin_call("admin.list_users")["users"]:
         if entry["user"] == name:
             return entry["permissions"]
     raise click.ClickException(f"no such user: {name}")
 
 
-@user.command("add")
+def _listed(permissions: list[str]) -> str:
+    return " ".join(sorted(permissions)) or "no permissions"
+
+
+@_user_command("add")
 @click.argument("name")
 @click.argument("permissions", nargs=-1)
-@click.pass_context
-def user_add(ctx: click.Context, name: str, permissions: tuple[str, ...]) -> None:
+def user_add(name: str, permissions: tuple[str, ...]) -> None:
     """Create user NAME with PERMISSIONS (publish:<topic>, subscribe:<topic>, admin)."""
     from . import secrets
 
     password = secrets.new_password(f"password for {name}")
-    _admin_call(ctx, "admin.create_user", user=name, permissions=list(permissions), **{"pass": password})
+    _admin_call("admin.create_user", user=name, permissions=list(permissions), **{"pass": password})
+    _changed(f"created user {name}: {_listed(list(set(permissions)))}")
 
 
-@user.command("delete")
+@_user_command("delete")
 @click.argument("name")
-@click.pass_context
-def user_delete(ctx: click.Context, name: str) -> None:
+def user_delete(name: str) -> None:
     """Delete user NAME (its connections are closed)."""
-    _admin_call(ctx, "admin.delete_user", user=name)
+    _admin_call("admin.delete_user", user=name)
+    _changed(f"deleted user {name}")
 
 
-@user.command("passwd")
+@_user_command("passwd")
 @click.argument("name")
-@click.pass_context
-def user_passwd(ctx: click.Context, name: str) -> None:
+def user_passwd(name: str) -> None:
     """Set a new password for NAME (its connections stay open)."""
     from . import secrets
 
     password = secrets.new_password(f"new password for {name}")
-    _admin_call(ctx, "admin.set_password", user=name, **{"pass": password})
+    _admin_call("admin.set_password", user=name, **{"pass": password})
+    _changed(f"changed the password of {name}")
 
 
-@user.command("grant")
+@_user_command("grant")
 @click.argument("name")
 @click.argument("permissions", nargs=-1, required=True)
-@click.pass_context
-def user_grant(ctx: click.Context, name: str, permissions: tuple[str, ...]) -> None:
+def user_grant(name: str, permissions: tuple[str, ...]) -> None:
     """Add PERMISSIONS to NAME."""
-    current = _permissions_of(ctx, name)
-    _admin_call(ctx, "admin.set_permissions", user=name,
-                permissions=current + [p for p in permissions if p not in current])
+    current = _permissions_of(name)
+    new = [p for p in dict.fromkeys(permissions) if p not in current]
+    if not new:
+        _changed(f"{name} has {' '.join(permissions)} already: nothing changed")
+        return
+    _admin_call("admin.set_permissions", user=name, permissions=current + new)
+    _changed(f"granted {' '.join(new)} to {name}: {_listed(current + new)}")
 
 
-@user.command("revoke")
+@_user_command("revoke")
 @click.argument("name")
 @click.argument("permissions", nargs=-1, required=True)
-@click.pass_context
-def user_revoke(ctx: click.Context, name: str, permissions: tuple[str, ...]) -> None:
+def user_revoke(name: str, permissions: tuple[str, ...]) -> None:
     """Remove PERMISSIONS from NAME."""
-    current = _permissions_of(ctx, name)
+    current = _permissions_of(name)
     missing = [p for p in permissions if p not in current]
     if missing:
         raise click.ClickException(f"{name} does not have {', '.join(missing)}")
-    _admin_call(ctx, "admin.set_permissions", user=name, permissions=[p for p in current if p not in permissions])
+    left = [p for p in current if p not in permissions]
+    _admin_call("admin.set_permissions", user=name, permissions=left)
+    _changed(f"revoked {' '.join(dict.fromkeys(permissions))} from {name}: {_listed(left)}")
 
 
-@user.command("list")
-@click.pass_context
-def user_list(ctx: click.Context) -> None:
-    """List users and their permissions."""
-    for entry in _admin_call(ctx, "admin.list_users")["users"]:
+@_user_command("list")
+def user_list() -> None:
+    """List users and their permissions (one line each: the name, a tab, the permissions)."""
+    for entry in _admin_call("admin.list_users")["users"]:
         click.echo(f"{entry['user']}\t{' '.join(entry['permissions'])}")
 
 
@@ -297,6 +332,7 @@ def bench(scenarios: str, peers: str, protocols: str, payload: int, duration: fl
 
 
 cli.add_command(queue)
+cli.add_command(loadtest)
 
 
 def main() -> None:

@@ -9,11 +9,11 @@ import click
 from .connect import connect, connection_options, parse_data
 
 
-def _call(host: str, port: int, user: str | None, op: str, **fields) -> dict:
+def _call(op: str, **fields) -> dict:
     """One request; a refusal is printed as the broker's reason and exits 1."""
     from .client import BrokerError
 
-    with connect(host, port, user) as client:
+    with connect() as client:
         try:
             return client.request(op, timeout=10.0 + fields.get("wait_ms", 0) / 1000, **fields)
         except BrokerError as exc:
@@ -28,6 +28,7 @@ def _echo(obj) -> None:
 
 
 @click.group()
+@connection_options
 def queue() -> None:
     """Work queues: push, receive, ack, inspect (docs/queues.md)."""
 
@@ -39,12 +40,11 @@ def queue() -> None:
 @click.option("--delay-ms", type=click.IntRange(0), help="Visible only after this many milliseconds.")
 @click.argument("name")
 @click.argument("data")
-def push(host: str, port: int, user: str | None, as_json: bool, priority: int | None, delay_ms: int | None,
-         name: str, data: str) -> None:
+def push(as_json: bool, priority: int | None, delay_ms: int | None, name: str, data: str) -> None:
     """Push DATA to queue NAME; prints the message id once the broker has stored it."""
     value = parse_data(data, as_json)
     fields = {k: v for k, v in (("priority", priority), ("delay_ms", delay_ms)) if v is not None}
-    click.echo(_call(host, port, user, "qpush", queue=name, data=value, **fields)["id"])
+    click.echo(_call("qpush", queue=name, data=value, **fields)["id"])
 
 
 @queue.command()
@@ -56,15 +56,14 @@ def push(host: str, port: int, user: str | None, as_json: bool, priority: int | 
 @click.option("--visibility-ms", type=click.IntRange(0), help="Lease length (default: the queue's).")
 @click.option("--ack", is_flag=True, help="Ack each message at once (take it for good).")
 @click.argument("name")
-def recv(host: str, port: int, user: str | None, count: int, wait_ms: int, visibility_ms: int | None, ack: bool,
-         name: str) -> None:
+def recv(count: int, wait_ms: int, visibility_ms: int | None, ack: bool, name: str) -> None:
     """Lease messages of queue NAME; prints each as a JSON line (with its receipt, for `queue ack`)."""
     fields = {"visibility_ms": visibility_ms} if visibility_ms is not None else {}
-    messages = _call(host, port, user, "qrecv", queue=name, max=count, wait_ms=wait_ms, **fields)["messages"]
+    messages = _call("qrecv", queue=name, max=count, wait_ms=wait_ms, **fields)["messages"]
     for m in messages:
         _echo(m)
     if ack and messages:
-        _call(host, port, user, "qack", queue=name, receipts=[m["receipt"] for m in messages])
+        _call("qack", queue=name, receipts=[m["receipt"] for m in messages])
     if not messages:
         sys.exit(3)  # nothing to do: scripts can tell an empty queue from an error (1)
 
@@ -73,9 +72,9 @@ def recv(host: str, port: int, user: str | None, count: int, wait_ms: int, visib
 @connection_options
 @click.argument("name")
 @click.argument("receipts", nargs=-1, required=True)
-def ack(host: str, port: int, user: str | None, name: str, receipts: tuple[str, ...]) -> None:
+def ack(name: str, receipts: tuple[str, ...]) -> None:
     """Ack RECEIPTS of queue NAME; prints one result line each, exits 1 if any failed."""
-    results = _call(host, port, user, "qack", queue=name, receipts=list(receipts))["results"]
+    results = _call("qack", queue=name, receipts=list(receipts))["results"]
     for receipt, result in zip(receipts, results):
         click.echo(f"{receipt} {'ok' if result['ok'] else result['error']}"
                    f"{' (already acked)' if result.get('already_acked') else ''}")
@@ -86,20 +85,20 @@ def ack(host: str, port: int, user: str | None, name: str, receipts: tuple[str, 
 @queue.command()
 @connection_options
 @click.argument("name")
-def stat(host: str, port: int, user: str | None, name: str) -> None:
+def stat(name: str) -> None:
     """Counts of queue NAME (visible, in flight, delayed, ...), as JSON."""
-    _echo(_call(host, port, user, "qstat", queue=name)["stat"])
+    _echo(_call("qstat", queue=name)["stat"])
 
 
 @queue.command()
 @connection_options
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.argument("name")
-def purge(host: str, port: int, user: str | None, yes: bool, name: str) -> None:
+def purge(yes: bool, name: str) -> None:
     """Remove every message of queue NAME, in flight too (admin)."""
     if not yes:
         click.confirm(f"purge every message of {name}?", abort=True)
-    click.echo(f"purged {_call(host, port, user, 'qpurge', queue=name)['purged']}")
+    click.echo(f"purged {_call('qpurge', queue=name)['purged']}")
 
 
 @queue.command()
@@ -107,7 +106,7 @@ def purge(host: str, port: int, user: str | None, yes: bool, name: str) -> None:
 @click.option("--to", help="Target queue (default: the one the DLQ belongs to).")
 @click.option("--max", "count", type=click.IntRange(1, 1_000_000), help="At most this many (default 1000).")
 @click.argument("name")
-def redrive(host: str, port: int, user: str | None, to: str | None, count: int | None, name: str) -> None:
+def redrive(to: str | None, count: int | None, name: str) -> None:
     """Move dead letters from NAME (a <queue>.dlq) back (admin)."""
     fields = {k: v for k, v in (("to", to), ("max", count)) if v is not None}
-    click.echo(f"moved {_call(host, port, user, 'qredrive', queue=name, **fields)['moved']}")
+    click.echo(f"moved {_call('qredrive', queue=name, **fields)['moved']}")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import stat
 import types
 import typing
 from dataclasses import dataclass, field
@@ -18,6 +20,9 @@ from typing import Any, Literal, Union
 import orjson
 
 from router.subjects import is_valid_literal
+
+from . import passwords
+from .permissions import PermissionFormatError, Permissions
 
 
 class ConfigError(Exception):
@@ -30,6 +35,12 @@ def _meta(minimum: float | None = None, maximum: float | None = None, doc: str =
 
 def _port(default: int) -> Any:
     return field(default=default, metadata=_meta(0, 65535, "TCP port; 0 picks a free one"))
+
+
+def _directory(kind: Literal["parent", "own"]) -> Any:
+    """A key naming a directory, checked at load against the file system (``_check_paths``): ``parent``, one the
+    broker makes its private directories in; ``own``, one it uses itself (and makes if missing)."""
+    return field(default=None, metadata={"directory": kind})
 
 
 @dataclass(frozen=True)
@@ -146,7 +157,7 @@ class QueueDefinition:
 class QueuesConfig:
     """Work queues (docs/queues.md): the defaults every queue gets, and where the journal lives."""
     journal: bool = True          # false: queues live in memory only, and a worker crash loses its shard's queues
-    data_dir: str | None = None   # journal here (kept across broker restarts) instead of the runtime directory
+    data_dir: str | None = _directory("own")   # journal here (kept across restarts) instead of the runtime directory
     fsync: Literal["everysec", "always", "no"] = "everysec"   # with data_dir; the runtime directory never syncs
     visibility_timeout: float = field(default=30.0, metadata=_meta(0, 43200))
     max_deliveries: int = field(default=20, metadata=_meta(0, 1000))
@@ -170,7 +181,8 @@ class ShutdownConfig:
 
 @dataclass(frozen=True)
 class RuntimeConfig:
-    dir: str | None = None  # parent of the private runtime directory; default $XDG_RUNTIME_DIR or the temp dir
+    # parent of the private runtime directory; default $XDG_RUNTIME_DIR or the temp dir
+    dir: str | None = _directory("parent")
 
 
 @dataclass(frozen=True)
@@ -199,8 +211,11 @@ class Config:
         return section_bind if section_bind is not None else self.network.bind
 
 
-def load(path: str | None = None, overrides: dict[str, Any] | None = None) -> Config:
-    """Read ``path`` (JSON; None: embedded defaults), apply dotted-key ``overrides``, validate."""
+def load(path: str | None = None, overrides: dict[str, Any] | None = None, check_paths: bool = True) -> Config:
+    """Read ``path`` (JSON; None: embedded defaults), apply dotted-key ``overrides``, validate.
+
+    ``check_paths``: also check the directories the keys name against the file system, as a start must (a
+    SIGHUP, which re-reads the users only, and tools reading a file meant for another machine leave it out)."""
     doc: dict[str, Any] = {}
     if path is not None:
         try:
@@ -227,6 +242,8 @@ def load(path: str | None = None, overrides: dict[str, Any] | None = None) -> Co
     config = _build(Config, doc, "")
     config = dataclasses.replace(config, source=os.path.abspath(path) if path else None)
     _check(config)
+    if check_paths:
+        _check_paths(config)
     return _with_qlite_queue(config)
 
 
@@ -247,8 +264,6 @@ def _with_qlite_queue(config: Config) -> Config:
 
 def _check(config: Config) -> None:
     """Rules that span keys."""
-    from .users import configured_users, validate_config  # users builds on this module
-
     seen = set()
     for i, q in enumerate(config.queues.queues):
         if not is_valid_literal(q.name, config.limits.max_topic_length):
@@ -259,19 +274,60 @@ def _check(config: Config) -> None:
     sec = config.security
     if sec.enabled and not sec.admin_user.username:
         raise ConfigError("security.admin_user.username: must be set when security.enabled is true")
-    for where, user, _ in configured_users(sec):
-        if user.password is not None and user.password_hash is not None:
-            raise ConfigError(f"{where}: give password or password_hash, not both")
-        if sec.enabled and not user.password and user.password_hash is None:
-            raise ConfigError(f"{where}: needs a non-empty password or a password_hash")
-    problem = validate_config(sec)
-    if problem:
-        raise ConfigError(problem)
+    _check_users(sec)
     names = {u.username for _, u, _ in configured_users(sec)}
     if sec.no_auth_user and sec.no_auth_user not in names:
         raise ConfigError(f"security.no_auth_user: {sec.no_auth_user!r} is not a configured user (name one of "
                           f"security.users or the security.admin_user)")
+    if config.qlite.enabled and not is_valid_literal(config.qlite.queue, config.limits.max_topic_length):
+        raise ConfigError(f"qlite.queue: {config.qlite.queue!r} is not a queue name (a subject without wildcards)")
+    if sec.enabled and config.bridge.enabled:
+        if config.bridge.user not in names:
+            raise ConfigError("bridge.user: Bridge clients cannot authenticate; with security on, name the "
+                              "configured user whose permissions they get")
+
+
+# -- the configured users: what the file may say about them (cluster.users builds the registry from it) ---------
+
+_USER_NAME = re.compile(r"^[^\s\x00-\x1f\x7f]{1,128}$")
+
+
+def valid_name(name: object) -> bool:
+    """A user name: 1-128 characters, no whitespace or control characters (the configuration's and the admin
+    protocol's rule)."""
+    return isinstance(name, str) and bool(_USER_NAME.match(name))
+
+
+def configured_users(security: SecurityConfig) -> list[tuple[str, UserConfig, bool]]:
+    """(config key, user, is the admin_user) for every user the configuration defines."""
+    out = []
+    if security.admin_user.username:
+        out.append(("security.admin_user", security.admin_user, True))
+    out += [(f"security.users[{i}]", u, False) for i, u in enumerate(security.users)]
+    return out
+
+
+def _check_users(sec: SecurityConfig) -> None:
+    seen: set[str] = set()
     for where, user, _ in configured_users(sec):
+        if not valid_name(user.username):
+            raise ConfigError(f"{where}.username: must be 1-128 characters without spaces or control characters")
+        if user.username in seen:
+            raise ConfigError(f"{where}.username: {user.username!r} is defined twice")
+        seen.add(user.username)
+        if user.password is not None and user.password_hash is not None:
+            raise ConfigError(f"{where}: give password or password_hash, not both")
+        if sec.enabled and not user.password and user.password_hash is None:
+            raise ConfigError(f"{where}: needs a non-empty password or a password_hash")
+        try:
+            Permissions(user.permissions)
+        except PermissionFormatError as exc:
+            raise ConfigError(f"{where}.permissions: {exc}") from None
+        if user.password_hash is not None:
+            try:
+                passwords.parse(user.password_hash)
+            except passwords.HashFormatError as exc:
+                raise ConfigError(f"{where}.password_hash: {exc}") from None
         secret = user.qlite_secret
         if secret is not None:
             size = len(secret.encode())
@@ -281,25 +337,81 @@ def _check(config: Config) -> None:
                 raise ConfigError(f"{where}.qlite_secret: must be at most 56 bytes (UTF-8), got {size}: qlite "
                                   f"hashes secret and challenge within bcrypt's 72 bytes, so a longer secret leaves "
                                   f"challenge bytes out and a captured login could be replayed")
-    if config.qlite.enabled and not is_valid_literal(config.qlite.queue, config.limits.max_topic_length):
-        raise ConfigError(f"qlite.queue: {config.qlite.queue!r} is not a queue name (a subject without wildcards)")
-    if sec.enabled and config.bridge.enabled:
-        if config.bridge.user not in names:
-            raise ConfigError("bridge.user: Bridge clients cannot authenticate; with security on, name the "
-                              "configured user whose permissions they get")
 
 
 def has_plaintext_passwords(config: Config) -> bool:
-    from .users import configured_users
-
     return any(u.password for _, u, _ in configured_users(config.security))
 
 
 def has_qlite_secrets(config: Config) -> bool:
     """Whether any user has a ``qlite_secret``: plaintext the server must keep (docs/qlite.md)."""
-    from .users import configured_users
-
     return any(u.qlite_secret for _, u, _ in configured_users(config.security))
+
+
+# -- directories: a start must be able to use them, and the error is the key's, not a traceback ---------------
+
+def _check_paths(config: Config) -> None:
+    for key, kind, path in _directory_keys(config, ""):
+        if key == "queues.data_dir" and not config.queues.journal:
+            continue  # unused: a start must not fail over it
+        problem = (_usable_parent if kind == "parent" else _creatable_directory)(path)
+        if problem:
+            raise ConfigError(f"{key}: {path!r} {problem}")
+
+
+def _directory_keys(node: Any, prefix: str):
+    """(key, kind, path) for every directory key that is set."""
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if f.metadata.get("directory") and value is not None:
+            yield prefix + f.name, f.metadata["directory"], value
+        elif dataclasses.is_dataclass(value):
+            yield from _directory_keys(value, f"{prefix}{f.name}.")
+
+
+def _usable_parent(path: str) -> str | None:
+    """Why the broker cannot make its private directories in ``path``, or None."""
+    if not path:
+        return "is not a directory (give null for the default)"
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "does not exist"
+    except OSError as exc:
+        return f"cannot be used: {exc.strerror}"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"is not writable by this user (mode {stat.S_IMODE(st.st_mode):04o})"
+    # There anyone could rename the broker's directory away and put their own in its place, endpoints included;
+    # the sticky bit (as on /tmp) lets only an entry's owner rename or remove it.
+    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        return (f"is writable by every user without the sticky bit (mode {stat.S_IMODE(st.st_mode):04o}): "
+                f"another user could replace what the broker puts there")
+    return None
+
+
+def _creatable_directory(path: str) -> str | None:
+    """Why the broker cannot use ``path`` as its own directory (made, mode 0700, if missing), or None."""
+    if not path:
+        return "is not a directory (give null for the default)"
+    if os.path.isdir(path):
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+        if not os.access(path, os.R_OK | os.W_OK | os.X_OK):
+            return f"is not readable and writable by this user (mode {mode:04o})"
+        if mode & stat.S_IWOTH:  # the journal names are fixed: anyone could plant one (sticky bit or not)
+            return f"is writable by every user (mode {mode:04o}): another user could plant or replace journals"
+        return None
+    if os.path.lexists(path):
+        return "is not a directory"
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return f"cannot be created: {parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot be created: {parent} is not writable by this user"
+    return None
 
 
 def without_plaintext_passwords(config: Config) -> Config:

@@ -10,6 +10,7 @@ A user's permissions are strings:
   - ``<subject>.>``, ``chat.>`` (NATS' spelling): every subject beginning ``chat.``, but not ``chat``;
   - ``*`` (or ``>``): every subject.
   So ``subscribe:chat.*`` covers ``chat``, ``chat.room1`` and ``chat.room1.x``, but not ``chatty``.
+  Anything else is refused (``PermissionFormatError``), ``ch*`` too: a ``*`` or ``>`` inside a token.
 
 A subscription pattern with wildcards is allowed only if one permission covers every subject it can match:
 ``subscribe:chat.*`` allows ``chat.>`` and ``chat.*.x``, not ``*.room1``.
@@ -41,6 +42,13 @@ class _Rules:
         self._cache: dict[str, bool] = {}
 
     def add(self, topic: str) -> None:
+        # In a subject, ``ch*`` is the literal token "ch*"; in a permission it is almost certainly a wildcard
+        # meant as ``ch.*`` (or a prefix match, which does not exist), so it is refused rather than granted as
+        # the literal nobody publishes to.
+        if any((PWC in tok or FWC in tok) and tok not in (PWC, FWC) for tok in topic.split(".")):
+            raise PermissionFormatError(
+                f"{topic!r} has a * or > inside a token: wildcards are whole tokens only (chat.*, chat.>), "
+                f"and a permission cannot name a subject with one inside a token")
         if topic in (PWC, FWC):
             self.all = True
         elif topic.endswith(".*") and is_valid_literal(topic[:-2], 1 << 20):

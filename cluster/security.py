@@ -122,9 +122,9 @@ class SecurityManager:
             log.warning("SIGHUP: no configuration file to re-read users from")
             return
         try:
-            config = load(path)
+            config = load(path, check_paths=False)  # only the users are re-read
         except ConfigError as exc:
-            log.error("SIGHUP: configuration not reloaded: %s", exc)
+            log.error("SIGHUP: configuration not reloaded (the users stay as they are): %s", exc)
             return
         warn_if_exposed(config)
         registry = await asyncio.to_thread(users.from_config, config.security)

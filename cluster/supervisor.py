@@ -95,14 +95,21 @@ class Supervisor:
         except OSError as exc:
             log.error("%s", exc)
             return EXIT_FAILED
-        self.runtime_dir = runtime.create(self.config.runtime.dir)
-        log.info("runtime directory %s", self.runtime_dir)
         try:
+            try:
+                # runtime.dir was checked at load; this still fails if it changed since (or the default's does)
+                self.runtime_dir = runtime.create(self.config.runtime.dir)
+            except OSError as exc:
+                log.error("cannot create the runtime directory in %s: %s",
+                          self.config.runtime.dir or runtime.default_parent(), exc.strerror or exc)
+                return EXIT_FAILED
+            log.info("runtime directory %s", self.runtime_dir)
             return asyncio.run(self._main())
         finally:
             for lst in self.listeners:
                 lst.sock.close()
-            runtime.remove(self.runtime_dir)
+            if self.runtime_dir:
+                runtime.remove(self.runtime_dir)
 
     def _bind(self) -> list[Listener]:
         cfg = self.config
@@ -191,7 +198,7 @@ class Supervisor:
         if self.monitor is not None:
             parts.append(f"monitoring={self.monitor.describe()}")
         pids = ",".join(str(s.pid) for s in self.slots if s)
-        log.info("ready: %s workers=%d pids=%s", " ".join(parts), self.nworkers, pids)
+        log.info("ready: %s workers=%d pids=%s version=%s", " ".join(parts), self.nworkers, pids, self._version)
         systemd.notify(f"READY=1\nMAINPID={os.getpid()}")
 
     # -- signals --------------------------------------------------------------------------------------------
@@ -303,14 +310,15 @@ class Supervisor:
             self._halt(f"worker {slot.index} (pid {slot.pid}) failed to boot: {slot.boot_error or how}",
                        EXIT_BOOT_FAILED)
             return
-        log.error("worker %d (pid %d) died (%s); replacing it", slot.index, slot.pid, how)
-        now = time.monotonic()
-        self._deaths = [t for t in self._deaths if now - t < _CRASH_WINDOW] + [now]
-        if len(self._deaths) > _CRASH_LIMIT:
-            self._halt(f"{len(self._deaths)} worker deaths in {_CRASH_WINDOW:g}s", EXIT_FAILED)
-            return
         for other in self.live_slots():  # the dead one is marked dead already
             other.channel.send({"k": "peer_down", "w": slot.index, "epoch": slot.epoch})
+        now = time.monotonic()
+        self._deaths = [t for t in self._deaths if now - t < _CRASH_WINDOW] + [now]
+        if len(self._deaths) > _CRASH_LIMIT:  # a crash loop: this death is not replaced, and says why
+            self._halt(f"worker {slot.index} (pid {slot.pid}) died ({how}): {len(self._deaths)} worker deaths in "
+                       f"{_CRASH_WINDOW:g}s, a crash loop", EXIT_FAILED)
+            return
+        log.error("worker %d (pid %d) died (%s); replacing it", slot.index, slot.pid, how)
         self._spawn(slot.index)
 
     def _murder_unresponsive(self) -> None:

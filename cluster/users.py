@@ -15,15 +15,13 @@ hashlib releases the GIL) and admin-protocol passwords are hashed by the worker 
 
 from __future__ import annotations
 
-import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from . import passwords
-from .config import SecurityConfig, UserConfig
-from .permissions import Permissions, PermissionFormatError
-
-_NAME = re.compile(r"^[^\s\x00-\x1f\x7f]{1,128}$")
+# The configuration owns what a file may say about users (and checks it at load); this module builds on it.
+from .config import SecurityConfig, configured_users
+from .permissions import Permissions
 
 
 @dataclass
@@ -42,10 +40,6 @@ class User:
         if self.qlite_secret is not None:
             entry["qlite_secret"] = self.qlite_secret
         return entry
-
-
-def valid_name(name: object) -> bool:
-    return isinstance(name, str) and bool(_NAME.match(name))
 
 
 class Registry:
@@ -109,15 +103,6 @@ def _user(entry: dict) -> User:
                 entry.get("token", False), entry.get("qlite_secret"))
 
 
-def configured_users(security: SecurityConfig) -> list[tuple[str, UserConfig, bool]]:
-    """(config key, user, is the admin_user) for every user the configuration defines."""
-    out = []
-    if security.admin_user.username:
-        out.append(("security.admin_user", security.admin_user, True))
-    out += [(f"security.users[{i}]", u, False) for i, u in enumerate(security.users)]
-    return out
-
-
 def from_config(security: SecurityConfig) -> Registry:
     """Build the registry, hashing plaintext passwords in parallel.  The config was validated at load."""
     entries = configured_users(security)
@@ -127,24 +112,3 @@ def from_config(security: SecurityConfig) -> Registry:
             entries))
     return Registry([User(u.username, h, Permissions(u.permissions), builtin, u.token, u.qlite_secret)
                      for (_, u, builtin), h in zip(entries, hashes)])
-
-
-def validate_config(security: SecurityConfig) -> str | None:
-    """The first problem with the configured users, as 'key: reason', or None."""
-    seen: set[str] = set()
-    for key, user, _ in configured_users(security):
-        if not valid_name(user.username):
-            return f"{key}.username: must be 1-128 characters without spaces or control characters"
-        if user.username in seen:
-            return f"{key}.username: {user.username!r} is defined twice"
-        seen.add(user.username)
-        try:
-            Permissions(user.permissions)
-        except PermissionFormatError as exc:
-            return f"{key}.permissions: {exc}"
-        if user.password_hash is not None:
-            try:
-                passwords.parse(user.password_hash)
-            except passwords.HashFormatError as exc:
-                return f"{key}.password_hash: {exc}"
-    return None

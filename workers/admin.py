@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from cluster.config import valid_name
 from cluster.permissions import PermissionFormatError, validate
-from cluster.users import valid_name
 
 if TYPE_CHECKING:
     from .hub import Hub

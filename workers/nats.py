@@ -1,9 +1,9 @@
 """A client connection speaking the NATS core protocol, so NATS clients (nats-py, nats.go, ...) work unchanged.
 
 Behaviour follows nats-server where a client can tell (see docs/nats.md and shared reference transcripts): INFO on
-connect; CONNECT options (verbose, pedantic, echo, headers, no_responders, user/pass, auth_token); PING/PONG both
-ways, with stale connections closed; PUB/HPUB, SUB with queue groups, UNSUB with a limit; MSG/HMSG; ``+OK`` in
-verbose mode; the ``-ERR`` texts of nats-server and whether each closes the connection.
+connect; CONNECT options (verbose, pedantic, echo, headers, no_responders, user/pass, auth_token; nkey and jwt are
+refused); PING/PONG both ways, with stale connections closed; PUB/HPUB, SUB with queue groups, UNSUB with a limit;
+MSG/HMSG; ``+OK`` in verbose mode; the ``-ERR`` texts of nats-server and whether each closes the connection.
 
 Ordering: a SUB is in force locally at once; other workers learn of it asynchronously, and a PING (what a client's
 ``flush()`` sends) is answered only once every earlier SUB is in force on every worker, and every message published
@@ -197,6 +197,11 @@ class NatsSession(Connection):
             self._fail(ERR_PROTOCOL)
             return
         if "account" in opts or "new_account" in opts:
+            self._fail(ERR_AUTH_VIOLATION)
+            return
+        if opts.get("nkey") not in (None, "") or opts.get("jwt") not in (None, ""):
+            # No nkeys or JWTs here (docs/nats.md): a client that believes it proved an identity with one must
+            # not be let in on other grounds (user/pass beside it, or no security at all).
             self._fail(ERR_AUTH_VIOLATION)
             return
         headers = bool(flags["headers"])
