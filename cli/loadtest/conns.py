@@ -125,17 +125,20 @@ class Conn(asyncio.Protocol):
         raise NotImplementedError
 
 
+def _lines(buf: bytes) -> tuple[list[bytes], bytes]:
+    """Whole lines, and what is left of a line still arriving."""
+    parts = buf.split(b"\n")
+    return parts[:-1], parts[-1]
+
+
 class NdjsonConn(Conn):
     """Jolt's NDJSON: every request gets a reply in order, so a publish's ``ok`` is its acknowledgement."""
 
+    PUBLISH = b'{"op":"pub","topic":"'
+
     def parse(self, buf: bytes, t_recv: int) -> bytes:
-        start = 0
-        while True:
-            end = buf.find(b"\n", start)
-            if end < 0:
-                return buf[start:]
-            line = buf[start:end]
-            start = end + 1
+        lines, rest = _lines(buf)
+        for line in lines:
             if line.startswith(b'{"topic"'):
                 at = line.find(b'"data":"')
                 if at >= 0:
@@ -151,6 +154,7 @@ class NdjsonConn(Conn):
                 except orjson.JSONDecodeError:
                     detail = line.decode(errors="replace")
                 self._reply(False, detail.get("error", detail) if isinstance(detail, dict) else detail, t_recv)
+        return rest
 
     async def handshake(self, user, password, timeout) -> None:
         if user:
@@ -158,7 +162,7 @@ class NdjsonConn(Conn):
 
     def publish(self, subject: bytes, items, size: int) -> None:
         t_w = _now()
-        head = b'{"op":"pub","topic":"' + subject + b'","data":"'
+        head = self.PUBLISH + subject + b'","data":"'
         out = []
         for pub_id, seq, t_int in items:
             out.append(head + frame.text(pub_id, seq, t_int, t_w, size).encode() + b'"}\n')
@@ -319,23 +323,11 @@ class RedisConn(Conn):
 class QueueConn(NdjsonConn):
     """Work queues over NDJSON: pushes are acknowledged with the message's id; consumers receive and ack in batches."""
 
-    def publish(self, subject: bytes, items, size: int) -> None:
-        t_w = _now()
-        head = b'{"op":"qpush","queue":"' + subject + b'","data":"'
-        out = []
-        for pub_id, seq, t_int in items:
-            out.append(head + frame.text(pub_id, seq, t_int, t_w, size).encode() + b'"}\n')
-            self.pending.append((t_int, t_w, pub_id, seq))
-        self.write(b"".join(out))
+    PUBLISH = b'{"op":"qpush","queue":"'
 
     def parse(self, buf: bytes, t_recv: int) -> bytes:
-        start = 0
-        while True:
-            end = buf.find(b"\n", start)
-            if end < 0:
-                return buf[start:]
-            line = buf[start:end]
-            start = end + 1
+        lines, rest = _lines(buf)
+        for line in lines:
             if not self.pending:
                 continue
             if line.startswith(b'{"ok":true') and not isinstance(self.pending[0], asyncio.Future):
@@ -352,6 +344,7 @@ class QueueConn(NdjsonConn):
                     entry.set_result((True, (reply, t_recv)))
             else:
                 self._reply(bool(reply.get("ok")), reply.get("error"), t_recv)
+        return rest
 
     async def call(self, obj: dict, timeout: float) -> tuple[dict, int]:
         """One request; its decoded reply (ok or not) and when it arrived."""
