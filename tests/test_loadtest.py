@@ -34,6 +34,7 @@ def read_table(spark, out, name) -> list[dict]:
 
 MIXED = """
 name = "mixed"
+clock_probes = "always"      # probe clocks on one host too: the offsets must come out as 0 within their bounds
 warmup = "1s"
 duration = "2s"
 drain_timeout = "5s"
@@ -95,6 +96,10 @@ def test_clean_run_counts_every_message_exactly_and_writes_every_output(spark, b
     assert {"warmup", "measure", "drain"} <= phases
     sent = sum(r["sent"] for r in intervals if r["workload"] == "fanout")
     assert sent == 6000
+    clock = read_table(spark, out, "clock")
+    assert len(clock) == 3, clock              # each receiving task probed its workload's publisher task
+    for c in clock:
+        assert abs(c["offset_ns"]) <= c["bound_ns"] and c["probes"] == 40, c
     run = read_table(spark, out, "runs")[0]
     assert run["scenario_sha256"] == sc.sha256 and run["tasks"] == 6
 

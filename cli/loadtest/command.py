@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import importlib.util
 import os
 import sys
 
@@ -135,11 +136,9 @@ def run_cmd(scenario_path, master, brokers, start_kind, workers, monitor, out_di
         start_kind = "shardbroker"
     ts = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = out_dir or sc.output.format(name=sc.name, ts=ts)
-    try:
-        import hdrh  # noqa: F401
-        import pyspark  # noqa: F401
-    except ImportError as exc:
-        click.echo(f"error: brokerctl loadtest needs its extra ({exc.name} is missing): "
+    missing = [m for m in ("pyspark", "hdrh") if importlib.util.find_spec(m) is None]
+    if missing:
+        click.echo(f"error: brokerctl loadtest needs its extra ({missing[0]} is missing): "
                    f"{sys.executable} -m pip install 'shardbroker[loadtest]' (make test installs it)", err=True)
         sys.exit(3)
     from .job import LoadTestError, run

@@ -185,6 +185,7 @@ def merge(results: list[dict], run_id: str) -> dict[str, list[dict]]:
         tables["tasks"].append(r["task"])
         tables["intervals"] += r["intervals"]
         tables["streams"] += r["streams"]
+        tables["clock"] += r["clock"]
         for p in r["publishers"]:
             publishers[p["pub_id"]] = p
             modes[p["workload"]] = "queue" if p["confirmed"] is not None else "group"

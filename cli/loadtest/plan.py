@@ -20,6 +20,11 @@ def subject(run_id: str, w: Workload, topic: int) -> str:
     return f"lt.{run_id[:8]}.{w.name}.{topic}"
 
 
+def clock_subject(run_id: str, task: int) -> str:
+    """Where a task answers (and receives answers to) clock probes."""
+    return f"lt.{run_id[:8]}.clock.{task}"
+
+
 def roles(w: Workload) -> tuple[str, str]:
     return ("producer", "consumer") if w.protocol == "queue" else ("publisher", "subscriber")
 
@@ -36,6 +41,7 @@ def build(sc: Scenario, run_id: str, endpoints: dict[str, str], progress: tuple[
     common = {"run_id": run_id, "warmup": sc.warmup, "duration": sc.duration, "drain_timeout": sc.drain_timeout,
               "interval": sc.interval, "tick": sc.tick, "setup_timeout": sc.setup_timeout, "seed": sc.seed,
               "user": sc.user, "password_env": sc.password_env, "progress": progress, "late_round": late_any,
+              "clock_probes": sc.clock_probes,
               "driver_host": socket.gethostname()}
     tasks: list[dict] = []
     for w in sc.workloads:

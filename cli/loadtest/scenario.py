@@ -111,6 +111,7 @@ class Scenario:
     interval: float = 1.0
     tick: float = 0.0005
     setup_timeout: float = 60.0
+    clock_probes: str = "auto"          # auto: only towards publishers on another host; always; off
     endpoints: dict[str, str] = field(default_factory=dict)   # protocol endpoint -> "host:port"
     user: str | None = None
     password_env: str = "BROKER_PASSWORD"
@@ -131,7 +132,8 @@ class Scenario:
         return sorted({ENDPOINT_OF[w.protocol] for w in self.workloads})
 
 
-_TOP = {"name", "seed", "warmup", "duration", "drain_timeout", "interval", "tick", "setup_timeout", "broker",
+_TOP = {"name", "seed", "warmup", "duration", "drain_timeout", "interval", "tick", "setup_timeout", "clock_probes",
+        "broker",
         "auth", "spark", "workload", "thresholds", "output"}
 _WORKLOAD = {"name", "protocol", "topics", "producers_per_topic", "subscriptions_per_topic",
              "consumers_per_subscription", "size", "model", "arrival", "rate", "stages", "window",
@@ -279,6 +281,7 @@ def _scenario(raw: dict, text: str) -> Scenario:
         interval=seconds(raw.get("interval", 1.0), "interval"),
         tick=seconds(raw.get("tick", 0.0005), "tick"),
         setup_timeout=seconds(raw.get("setup_timeout", 60.0), "setup_timeout"),
+        clock_probes=_choice(raw, "clock_probes", "", "auto", ("auto", "always", "off")),
         endpoints={k: str(v) for k, v in broker.items()},
         user=auth.get("user"), password_env=auth.get("password_env", "BROKER_PASSWORD"),
         spark_conf={str(k): str(v) for k, v in spark.get("conf", {}).items()},

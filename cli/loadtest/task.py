@@ -23,7 +23,8 @@ import orjson
 from . import frame
 from .accounting import Bitmap, GroupMember, OrderedTracker
 from .conns import Conn, QueueConn, Sink, open_conn
-from .plan import split_endpoint
+from .clock import Clock
+from .plan import clock_subject, split_endpoint
 from .recorder import Recorder
 from .schedule import Schedule
 
@@ -113,6 +114,10 @@ class TaskRun(Sink):
         self.stopping = False
         self.t0 = 0
         self.offsets: dict[int, int] = {}     # task on another host -> ns from its monotonic clock to ours
+        self.clock = Clock(spec["task"], lambda task: clock_subject(spec["run_id"], task))
+        self.probe_targets: list[int] = []
+        self.probed: dict[int, tuple[int, int, int, int]] = {}   # task -> (offset, bound, probes, when)
+        self.clock_rows: list[dict] = []
         self.cpu_peak = 0.0
         self._rolling: asyncio.Future | None = None
         self.all_conns: list[Conn] = []     # every connection opened, for the byte counts
@@ -120,6 +125,9 @@ class TaskRun(Sink):
 
     # ---- Sink ---------------------------------------------------------------------------------------------
     def deliver(self, conn, pub_id, seq, t_int, t_w, t_recv) -> None:
+        if conn is self.clock.conn:
+            self.clock.handle(pub_id, seq, t_int, t_w, t_recv)
+            return
         cur = self.rec.cur
         cur.received += 1
         self._latency(cur, pub_id, t_int, t_w, t_recv)
@@ -146,6 +154,8 @@ class TaskRun(Sink):
             cur.e2e_cross.append((t_recv - t_int - shift) // 1000)
 
     def acked(self, conn, entry, ok, t_recv, detail=None) -> None:
+        if conn is self.clock.conn:
+            return
         t_int, t_w, pub_id, seq = entry
         cur = self.rec.cur
         if ok:
@@ -185,6 +195,14 @@ class TaskRun(Sink):
                 await s.conn.subscribe(s.spec["subject"], s.spec["group"], self.spec["setup_timeout"])
         if self.protocol == "queue" and self.subs:
             self.control = await self.connect(len(self.subs), False)
+        if self.spec["clock_probes"] != "off":
+            # Every task answers clock probes; only receivers on another host than a publisher ask (or all, with
+            # clock_probes = "always").
+            self.clock.conn = await open_conn("ndjson" if self.protocol == "queue" else self.protocol, self.host,
+                                              self.port, self, -1, self.spec["user"], self.password,
+                                              self.spec["setup_timeout"])
+            await self.clock.conn.subscribe(clock_subject(self.spec["run_id"], self.spec["task"]), "",
+                                            self.spec["setup_timeout"])
 
     async def gather(self, payload: dict) -> list[dict]:
         msg = orjson.dumps(payload).decode()
@@ -205,7 +223,8 @@ class TaskRun(Sink):
                           f"{type(exc).__name__}: {exc}".rstrip(": ")
         wall, mono = time.time_ns(), _now()
         infos = await self.gather({"task": self.spec["task"], "host": socket.gethostname(), "boot_id": _boot_id(),
-                                   "wall_ns": wall, "mono_ns": mono, "error": setup_error})
+                                   "wall_ns": wall, "mono_ns": mono, "error": setup_error,
+                                   "workload": self.w["name"], "publishing": self.publishing})
         failed = [i["error"] for i in infos if i["error"]]
         if failed:
             self.close_all()
@@ -214,11 +233,17 @@ class TaskRun(Sink):
         margin = START_MARGIN_S + 0.1 * (len(infos) // 100)
         t0_wall = max(i["wall_ns"] for i in infos) + int(margin * 1e9)
         self.t0 = t0_wall - self.wall_minus_mono
-        # Tasks on another host stamp with their own monotonic clock: their stamps move onto ours through wall
-        # time (as good as the hosts' clock sync), and go into the e2e_cross histogram, never the exact one.
+        # Tasks on another host stamp with their own monotonic clock: their stamps move onto ours through the
+        # offset probed through the broker (or, without an answer, through wall time: as good as the hosts' clock
+        # sync), and go into the e2e_cross histogram, never the exact one.
         mine = _boot_id()
         self.offsets = {i["task"]: (i["wall_ns"] - i["mono_ns"]) - self.wall_minus_mono
                         for i in infos if i["boot_id"] != mine}
+        self.hosts = {i["task"]: i["host"] for i in infos}
+        if not self.publishing and self.clock.conn is not None:
+            self.probe_targets = [i["task"] for i in infos if i["publishing"] and i["workload"] == self.w["name"]
+                                  and (i["boot_id"] != mine or self.spec["clock_probes"] == "always")]
+            await self.probe_clocks(32, self.t0 - int(0.2e9), first=True)
         await asyncio.sleep(max(0.0, (self.t0 - _now()) / 1e9 - 0.002))
         while _now() < self.t0:
             pass   # the last 2 ms on the CPU: sleep granularity would otherwise be the start skew
@@ -234,6 +259,7 @@ class TaskRun(Sink):
                 work = asyncio.create_task(self.receive())
                 end = self.t0 + int((self.spec["warmup"] + self.spec["duration"]) * 1e9)
                 await asyncio.sleep(max(0.0, (end - _now()) / 1e9))
+                await self.probe_clocks(8, _now() + int(0.5e9), first=False)     # again, for the drift
                 late = {f"{self.spec['task']}:{s.index}": s.t_conf for s in self.subs if s.spec["late"]}
                 round2 = await self.gather({"task": self.spec["task"], "finals": {}, "late": late})
             finals = {int(k): v for r in round2 for k, v in r["finals"].items()}
@@ -265,6 +291,34 @@ class TaskRun(Sink):
             self.close_all()
         self.roll()
         return self.result(finals if not self.publishing else {}, cpu0)
+
+    async def probe_clocks(self, count: int, deadline: int, first: bool) -> None:
+        """Measures each target's clock offset; the second time, also its drift since the first."""
+        for target in self.probe_targets:
+            got = await self.clock.probe(target, count, deadline)
+            if got is None:
+                if first:
+                    self.error(f"clock probes to task {target} got no answer: cross-host latency uses wall clocks")
+                continue
+            offset, bound, probes = got
+            if first:
+                self.probed[target] = (offset, bound, probes, _now())
+                if target in self.offsets:
+                    self.offsets[target] = -offset
+                continue
+            first_offset, first_bound, first_probes, at = self.probed.pop(target, (offset, bound, 0, _now()))
+            drift = (offset - first_offset) / max(1e-9, (_now() - at) / 1e9)
+            self.clock_rows.append({"run_id": self.spec["run_id"], "pub_host": self.hosts.get(target, ""),
+                                    "sub_host": socket.gethostname(), "offset_ns": first_offset,
+                                    "bound_ns": max(first_bound, bound), "drift_ns_per_s": drift,
+                                    "probes": first_probes + probes})
+        if first:
+            return
+        for target, (offset, bound, probes, _) in self.probed.items():   # no second answer: no drift figure
+            self.clock_rows.append({"run_id": self.spec["run_id"], "pub_host": self.hosts.get(target, ""),
+                                    "sub_host": socket.gethostname(), "offset_ns": offset, "bound_ns": bound,
+                                    "drift_ns_per_s": 0.0, "probes": probes})
+        self.probed.clear()
 
     def first_seqs(self, late: dict[str, int]) -> dict:
         """For each late subscription: the first sequence number of each of our publishers that it must get."""
@@ -560,7 +614,8 @@ class TaskRun(Sink):
 
     def close_all(self) -> None:
         self.stopping = True
-        for c in [p.conn for p in self.pubs] + [s.conn for s in self.subs] + [getattr(self, "control", None)]:
+        for c in [p.conn for p in self.pubs] + [s.conn for s in self.subs] + [getattr(self, "control", None),
+                                                                                self.clock.conn]:
             if c is not None:
                 c.close()
 
@@ -623,4 +678,4 @@ class TaskRun(Sink):
                        "confirmed": p.confirmed.encode() if self.protocol == "queue" else None}
                       for p in self.pubs]
         return {"task": task_row, "intervals": self.rec.rows, "streams": streams, "members": members,
-                "publishers": publishers, "t0_wall_ns": self.t0 + self.wall_minus_mono}
+                "publishers": publishers, "clock": self.clock_rows, "t0_wall_ns": self.t0 + self.wall_minus_mono}
