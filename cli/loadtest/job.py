@@ -167,6 +167,12 @@ def _failure(exc: Exception, tasks: int) -> str:
         return (f"Spark has fewer task slots than the plan's {tasks} tasks, and a barrier stage needs them all at "
                 "once: give executors x cores >= tasks (or local[N] with N >= tasks), or lower publisher_tasks/"
                 "subscriber_tasks")
+    if "PYTHON_VERSION_MISMATCH" in text or "different version" in text:
+        return ("the executors run another Python than the driver: point spark.pyspark.python (or PYSPARK_PYTHON) "
+                f"at a Python {sys.version_info.major}.{sys.version_info.minor} that has this package installed")
+    if "No module named 'cli" in text:
+        return ("the executors cannot import this package: install shardbroker[loadtest] where they run, or ship "
+                "it (docs/loadtest.md, 'Running on a cluster')")
     for marker in ("load test setup failed:", "RuntimeError:", "Exception:", "Error:"):
         at = text.find(marker)
         if at >= 0:
