@@ -48,9 +48,9 @@ def run_partition(iterator):
 def run(spec: dict, gather, attempt: int = 0, executor: str = "") -> dict:
     try:
         import uvloop
-        return uvloop.run(TaskRun(spec, gather, attempt, executor).main())
     except ImportError:
         return asyncio.run(TaskRun(spec, gather, attempt, executor).main())
+    return uvloop.run(TaskRun(spec, gather, attempt, executor).main())
 
 
 def _boot_id() -> str:
