@@ -14,6 +14,7 @@ from .connect import (admin_connection_options, connect as _connect, connection_
                       given, parse_data, shared_option)
 from .queue_cmd import queue
 from .loadtest.command import loadtest
+from .top import top  # click only: textual is imported when `top` runs its console
 
 
 def _count(value: str | None) -> Any:
@@ -88,8 +89,102 @@ def start(config_path: str | None, workers: str | None, bind: str | None, port: 
         config = load(config_path, overrides)
     except ConfigError as exc:
         click.echo(f"brokerctl: configuration error: {exc}", err=True)
+        import errno
+
+        from cluster.systemd import Notifier
+
+        Notifier(os.environ.get("NOTIFY_SOCKET")).send(STATUS=f"configuration error: {exc}", ERRNO=errno.EINVAL)
         sys.exit(2)
     sys.exit(Supervisor(config).run())
+
+
+# -- the running broker's supervisor, through its command socket (cluster/command_socket.py) --------------------
+
+def _supervisor_options(fn):
+    fn = click.option("--timeout", type=click.FloatRange(0.1, 3600), default=60.0, show_default=True,
+                      help="Seconds to wait for the answer.")(fn)
+    fn = click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False),
+                      help="The broker's configuration file: its runtime.dir is where to look.")(fn)
+    fn = click.option("--runtime-dir", type=click.Path(file_okay=False),
+                      help="Where the broker's runtime directory is (default: $XDG_RUNTIME_DIR, else the temp "
+                           "directory).")(fn)
+    return click.option("--pid", type=int, help="The supervisor's pid ($MAINPID in a unit), if several brokers "
+                                                "run there.")(fn)
+
+
+def _ask_supervisor(request: dict, pid: int | None, runtime_dir: str | None, config_path: str | None,
+                    timeout: float) -> dict:
+    from cluster import command_socket, runtime
+
+    parent = runtime_dir
+    if parent is None and config_path is not None:
+        from cluster.config import ConfigError, load
+
+        try:
+            parent = load(config_path, check_paths=False).runtime.dir
+        except ConfigError as exc:
+            raise click.ClickException(f"configuration error: {exc}") from None
+    try:
+        owner, path = command_socket.find(parent or runtime.default_parent(), pid)
+        answer = command_socket.request(path, request, timeout)
+    except command_socket.NotFound as exc:
+        raise click.ClickException(str(exc)) from None
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(f"cannot reach the broker: {exc}") from None
+    answer.setdefault("pid", owner)
+    return answer
+
+
+@cli.command()
+@_supervisor_options
+def reload(pid: int | None, runtime_dir: str | None, config_path: str | None, timeout: float) -> None:
+    """Reload the running broker's configuration file, as SIGHUP does, and say what happened.
+
+    All or nothing: if only keys that can change at run time changed (users, limits, logging.level, shutdown.*),
+    they are applied on every worker; if any other key changed, nothing is applied, the keys needing a restart are
+    named, and the exit code is 1.  The answer comes once the reload is over (a unit's ExecReload=).
+    """
+    from cluster.reload import Outcome
+
+    answer = _ask_supervisor({"cmd": "reload"}, pid, runtime_dir, config_path, timeout)
+    outcome = Outcome(**{k: answer[k] for k in ("ok", "error", "changed", "restart", "digest", "loaded")
+                         if k in answer})
+    if not outcome.ok:
+        raise click.ClickException(outcome.summary())
+    click.echo(outcome.summary())
+
+
+@cli.command()
+@_supervisor_options
+@click.option("--wait", is_flag=True, help="Return only once the broker has exited.")
+def lameduck(pid: int | None, runtime_dir: str | None, config_path: str | None, timeout: float,
+             wait: bool) -> None:
+    """Take the running broker out of service gradually, as SIGUSR2 does (lame duck mode).
+
+    It stops accepting, tells NATS clients (INFO ldm), then closes its clients spread over
+    shutdown.lame_duck_duration (the first after shutdown.lame_duck_grace_period), and exits once they are gone.
+    """
+    import time
+
+    answer = _ask_supervisor({"cmd": "lameduck"}, pid, runtime_dir, config_path, timeout)
+    if not answer.get("ok"):
+        raise click.ClickException(answer.get("error") or "refused")
+    click.echo(f"lame duck mode: {answer['clients']} client(s) to close within {answer['duration']:g}s (the first "
+               f"after {answer['grace']:g}s); pid {answer['pid']} exits then")
+    if not wait:
+        return
+    import psutil
+
+    deadline = time.monotonic() + answer["duration"] + timeout
+    try:
+        proc = psutil.Process(answer["pid"])
+        while proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:   # is_running: not a reused pid
+            if time.monotonic() > deadline:
+                raise click.ClickException(f"pid {answer['pid']} still runs")
+            time.sleep(0.1)
+    except psutil.NoSuchProcess:
+        pass
+    click.echo(f"pid {answer['pid']} exited")
 
 
 @cli.command()
@@ -333,6 +428,7 @@ def bench(scenarios: str, peers: str, protocols: str, payload: int, duration: fl
 
 cli.add_command(queue)
 cli.add_command(loadtest)
+cli.add_command(top)
 
 
 def main() -> None:

@@ -9,9 +9,11 @@ bad flag is reported exactly like a bad file entry.  See docs/configuration.md f
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import re
 import stat
+import time
 import types
 import typing
 from dataclasses import dataclass, field
@@ -177,6 +179,9 @@ class MonitoringConfig:
 @dataclass(frozen=True)
 class ShutdownConfig:
     grace_period: float = field(default=5.0, metadata=_meta(0, 3600))
+    # Lame duck mode (SIGUSR2, brokerctl lameduck): nats-server's defaults; unlike it, short ones are allowed.
+    lame_duck_duration: float = field(default=120.0, metadata=_meta(0.1, 86400))
+    lame_duck_grace_period: float = field(default=10.0, metadata=_meta(0, 3600))
 
 
 @dataclass(frozen=True)
@@ -188,6 +193,10 @@ class RuntimeConfig:
 @dataclass(frozen=True)
 class LoggingConfig:
     level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["text", "json"] = "text"   # text is journal-aware by itself (cluster/logs.py)
+    # floods of one message: `flood_burst` lines per `flood_interval` seconds, then one line with the count
+    flood_interval: float = field(default=10.0, metadata=_meta(0, 3600))
+    flood_burst: int = field(default=5, metadata=_meta(1, 1_000_000))
 
 
 @dataclass(frozen=True)
@@ -206,6 +215,11 @@ class Config:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     source: str | None = field(default=None, metadata={"internal": True})
+    # What a reload needs to load the file the same way (the command line's dotted-key overrides), and what
+    # /varz shows of the load: the file's sha256 (compare with `sha256sum FILE`) and when it was read.
+    overrides: tuple[tuple[str, Any], ...] = field(default=(), metadata={"internal": True})
+    digest: str | None = field(default=None, metadata={"internal": True})
+    loaded: float = field(default=0.0, compare=False, metadata={"internal": True})
 
     def bind_for(self, section_bind: str | None) -> str:
         return section_bind if section_bind is not None else self.network.bind
@@ -217,12 +231,14 @@ def load(path: str | None = None, overrides: dict[str, Any] | None = None, check
     ``check_paths``: also check the directories the keys name against the file system, as a start must (a
     SIGHUP, which re-reads the users only, and tools reading a file meant for another machine leave it out)."""
     doc: dict[str, Any] = {}
+    digest = None
     if path is not None:
         try:
             with open(path, "rb") as fh:
                 raw = fh.read()
         except OSError as exc:
             raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+        digest = "sha256:" + hashlib.sha256(raw).hexdigest()
         try:
             doc = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
@@ -240,7 +256,9 @@ def load(path: str | None = None, overrides: dict[str, Any] | None = None, check
                 raise ConfigError(f"{key}: expected an object")
         node[leaf] = value
     config = _build(Config, doc, "")
-    config = dataclasses.replace(config, source=os.path.abspath(path) if path else None)
+    kept = tuple((k, v) for k, v in (overrides or {}).items() if v is not None)
+    config = dataclasses.replace(config, source=os.path.abspath(path) if path else None, overrides=kept,
+                                 digest=digest, loaded=time.time())
     _check(config)
     if check_paths:
         _check_paths(config)
@@ -285,6 +303,10 @@ def _check(config: Config) -> None:
         if config.bridge.user not in names:
             raise ConfigError("bridge.user: Bridge clients cannot authenticate; with security on, name the "
                               "configured user whose permissions they get")
+    sd = config.shutdown
+    if sd.lame_duck_grace_period >= sd.lame_duck_duration:
+        raise ConfigError(f"shutdown.lame_duck_grace_period: must be less than shutdown.lame_duck_duration "
+                          f"({sd.lame_duck_duration:g}), got {sd.lame_duck_grace_period:g}")
 
 
 # -- the configured users: what the file may say about them (cluster.users builds the registry from it) ---------
@@ -421,6 +443,24 @@ def without_plaintext_passwords(config: Config) -> Config:
     strip = lambda u: dataclasses.replace(u, password=None, qlite_secret=None)  # noqa: E731
     return dataclasses.replace(config, security=dataclasses.replace(
         sec, admin_user=strip(sec.admin_user), users=[strip(u) for u in sec.users]))
+
+
+# -- reloads: the configuration as a document, to diff it and to send it to the workers ------------------------
+
+def document(node: Any) -> Any:
+    """The configuration as its JSON document (internal fields left out): what ``from_document`` rebuilds."""
+    if dataclasses.is_dataclass(node):
+        return {f.name: document(getattr(node, f.name)) for f in dataclasses.fields(node)
+                if not f.metadata.get("internal")}
+    if isinstance(node, list):
+        return [document(v) for v in node]
+    return node
+
+
+def from_document(doc: dict[str, Any]) -> Config:
+    """A ``document`` back as a Config (checked as a file would be, key by key; cross-key rules were checked
+    where it was loaded)."""
+    return _build(Config, doc, "")
 
 
 # -- the generic part: a dataclass schema walker ---------------------------------------------------------------

@@ -3,11 +3,12 @@
 Every request asks each worker over its control channel and aggregates the replies, so a worker whose event loop is
 stuck shows up as unresponsive instead of looking healthy (the reason not to answer from a side thread).  Field
 names follow nats-server's monitoring (``/varz``, ``/connz``, ``/subsz``, ``/healthz``) so existing tooling finds
-what it expects; see docs/operations.md.
+what it expects; see docs/operations.md.  ``/metrics`` renders the same replies for Prometheus (cluster/metrics.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from datetime import datetime, timezone
@@ -15,7 +16,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import psutil
 
-from .httpd import HttpServer
+from . import connz
+from .httpd import Body, HttpServer
+from .processes import ProcessTable, max_fds
 
 if TYPE_CHECKING:
     from .config import Config
@@ -30,6 +33,7 @@ class Cluster(Protocol):
     listeners: list[Any]  # acceptor.Listener
     started: float
     server_id: str
+    slots: list[Any]  # supervisor.WorkerSlot | None, by worker index
 
     def server_info(self) -> dict: ...
 
@@ -53,11 +57,11 @@ class Monitor:
         self.sup = supervisor
         self._http = HttpServer(self._route)
         self.address: tuple[str, int] = ("", 0)
-        self._procs: dict[int, psutil.Process] = {}
+        self._procs = ProcessTable()
 
-    async def start(self) -> None:
+    async def start(self, sock=None) -> None:
         cfg = self.sup.config
-        self.address = await self._http.start(cfg.bind_for(cfg.monitoring.bind), cfg.monitoring.port)
+        self.address = await self._http.start(cfg.bind_for(cfg.monitoring.bind), cfg.monitoring.port, sock)
 
     def describe(self) -> str:
         host, port = self.address
@@ -66,7 +70,9 @@ class Monitor:
     async def close(self) -> None:
         await self._http.close()
 
-    async def _route(self, path: str, query: dict[str, str]) -> tuple[int, object]:
+    async def _route(self, path: str, query: dict[str, str], headers: dict[str, str]) -> tuple[int, object]:
+        if path.rstrip("/") == "/metrics":
+            return await self._metrics(headers.get("accept", ""))
         handler = {
             "/": self._index, "/healthz": self._healthz, "/varz": self._varz, "/connz": self._connz,
             "/subsz": self._subsz, "/topicz": self._topicz, "/queuez": self._queuez,
@@ -76,7 +82,7 @@ class Monitor:
         return await handler(query)
 
     async def _index(self, query: dict) -> tuple[int, object]:
-        return 200, {"endpoints": ["/healthz", "/varz", "/connz", "/subsz", "/topicz", "/queuez"]}
+        return 200, {"endpoints": ["/healthz", "/varz", "/connz", "/subsz", "/topicz", "/queuez", "/metrics"]}
 
     async def _healthz(self, query: dict) -> tuple[int, object]:
         replies = await self.sup.query({"k": "stats"}, timeout=2.0)
@@ -87,27 +93,46 @@ class Monitor:
                          "error": f"{len(bad)} worker(s) unresponsive, {missing} not running"}
         return 200, {"status": "ok"}
 
-    def _resources(self, pids: list[int]) -> tuple[int, float]:
-        """(RSS bytes, CPU percent) of the supervisor and the given workers."""
-        rss, cpu = 0, 0.0
-        for pid in [os.getpid()] + pids:
-            proc = self._procs.get(pid)
-            try:
-                if proc is None:
-                    proc = self._procs[pid] = psutil.Process(pid)
-                rss += proc.memory_info().rss
-                cpu += proc.cpu_percent(None)
-            except psutil.Error:
-                self._procs.pop(pid, None)
-        return rss, round(cpu, 1)
+    async def _samples(self, pids: list[int]) -> dict[int, Any]:
+        """psutil's figures for the supervisor and the given workers, by pid (absent: the process is gone); read
+        on a thread, so that counting thousands of open files holds up no accept."""
+        return await asyncio.to_thread(self._procs.sample_all, [os.getpid(), *pids])
+
+    def _worker_entry(self, reply: dict, sample: Any, now: float) -> dict:
+        """A worker's /varz entry: its stats reply, its loop lag flattened (the histogram is for /metrics), and
+        what the supervisor knows of it (for brokerctl top)."""
+        entry = {k: v for k, v in reply.items() if k != "loop_lag"}
+        if "loop_lag" in reply:
+            entry.update(loop_lag_seconds=reply["loop_lag"]["seconds"],
+                         loop_lag_max_seconds=reply["loop_lag"]["max_seconds"])
+        slot = self._slot(reply["worker"])
+        if slot is not None and slot.pid != reply["pid"]:
+            slot = None   # replaced since it answered
+        entry["state"] = "unresponsive" if reply.get("unresponsive") else slot.state if slot is not None else "dead"
+        if slot is not None:
+            mono = time.monotonic()
+            entry.update(restarts=slot.restarts, start=_iso(now - (mono - slot.started)),
+                         heartbeat_age=round(mono - slot.last_heartbeat, 3))
+        if sample is not None:
+            entry.update(rss=sample.rss, cpu=round(sample.cpu_percent, 1), cpu_seconds=round(sample.cpu_seconds, 2),
+                         fds=sample.open_fds)
+        return entry
+
+    def _slot(self, index: int) -> Any:
+        slots = self.sup.slots
+        return slots[index] if 0 <= index < len(slots) else None
 
     async def _varz(self, query: dict) -> tuple[int, object]:
         sup, cfg = self.sup, self.sup.config
         replies = await sup.query({"k": "stats"})
         ok = [r for r in replies if not r.get("unresponsive")]
         total = lambda key: sum(r.get(key, 0) for r in ok)  # noqa: E731
-        mem, cpu = self._resources([r["pid"] for r in ok])
+        samples = await self._samples([r["pid"] for r in replies])
+        counted = [samples.get(pid) for pid in [os.getpid(), *(r["pid"] for r in ok)]]
+        mem = sum(s.rss for s in counted if s is not None)
+        cpu = round(sum(s.cpu_percent for s in counted if s is not None), 1)
         now = time.time()
+        workers = [self._worker_entry(r, samples.get(r["pid"]), now) for r in replies]
         listeners = {lst.protocol: lst.address for lst in sup.listeners}
         host, port = listeners.get("nats", listeners.get("ndjson", ("", 0)))
         fabric = lambda key: sum(r.get("fabric", {}).get(key, 0) for r in ok)  # noqa: E731
@@ -134,6 +159,9 @@ class Monitor:
             "remotes": 0,
             "leafnodes": 0,
             "start": _iso(sup.started),
+            "state": sup.state,                    # starting, ready, reloading, lame duck, stopping
+            "config_load_time": _iso(cfg.loaded or sup.started),   # as nats-server: the last reload that applied
+            "config_digest": cfg.digest or "",                     # sha256 of that file (`sha256sum FILE`)
             "now": _iso(now),
             "uptime": _uptime(now - sup.started),
             "mem": mem,
@@ -153,25 +181,33 @@ class Monitor:
             "fabric_dropped_messages": fabric("dropped_messages"),
             "fabric_stalls": fabric("stalls"),
             "worker_count": sup.nworkers,
-            "workers": replies,
+            "workers": workers,
         }
 
     async def _connz(self, query: dict) -> tuple[int, object]:
+        """nats-server's /connz: ``sort=`` (cluster/connz.py), ``offset=``, ``limit=`` (default 1024), ``cid=``,
+        ``subs=1``.  Each worker sorts its own connections and sends only the first offset + limit."""
         subs = query.get("subs") in ("1", "true", "detail")
-        replies = await self.sup.query({"k": "stats", "what": "conns", "subs": subs})
-        now = time.time()
-        conns = []
-        for r in replies:
-            for c in r.get("conns", []):
-                conns.append({**c, "worker": r["worker"], "start": _iso(c["start"]),
-                              "uptime": _uptime(now - c["start"])})
-        conns.sort(key=lambda c: c["cid"])
+        sort = connz.check(query.get("sort"))
         offset = max(0, int(query.get("offset", 0) or 0))
         limit = max(0, int(query.get("limit", 1024) or 1024))
-        page = conns[offset:offset + limit]
+        ask = {"k": "stats", "what": "conns", "subs": subs, "sort": sort, "limit": offset + limit}
+        if query.get("cid"):
+            ask["cid"] = int(query["cid"])
+        replies = await self.sup.query(ask)
+        now = time.time()
+        rows = [{**c, "worker": r["worker"]} for r in replies for c in r.get("conns", [])]
+        page = connz.top(rows, sort, offset + limit, lambda c, f: c.get(f, 0), lambda c: c["cid"])[offset:]
+        total = len(rows) if "cid" in ask else sum(r.get("connections", 0) for r in replies)
+        for c in page:
+            last = c.get("last_activity", c["start"])
+            c.update(start=_iso(c["start"]), uptime=_uptime(now - c["start"]), last_activity=_iso(last),
+                     idle=_uptime(max(0.0, now - last)))
+            if "rtt" in c:
+                c["rtt"] = _duration(c["rtt"])
         return 200, {
             "server_id": self.sup.server_id, "now": _iso(now), "num_connections": len(page),
-            "total": len(conns), "offset": offset, "limit": limit, "connections": page,
+            "total": total, "offset": offset, "limit": limit, "connections": page,
         }
 
     async def _subsz(self, query: dict) -> tuple[int, object]:
@@ -204,3 +240,40 @@ class Monitor:
         replies = await self.sup.query({"k": "stats", "what": "queues", "queue": query.get("queue")})
         rows = sorted((row for r in replies for row in r.get("queues", [])), key=lambda row: row["queue"])
         return 200, {"queues": rows, "total": len(rows)}
+
+    async def _metrics(self, accept: str) -> tuple[int, object]:
+        """Prometheus' exposition of the workers' stats, their processes and their queues (cluster/metrics.py)."""
+        from . import metrics  # prometheus_client is imported at the first scrape, not at start-up
+
+        sup, cfg = self.sup, self.sup.config
+        replies = {r["worker"]: r for r in await sup.query({"k": "stats", "what": "queues"})}
+        slots = [s for s in sup.slots if s is not None]
+        samples = await self._samples([s.pid for s in slots if s.state != "dead"])
+        wall, mono = time.time(), time.monotonic()
+        workers = []
+        for slot in slots:
+            reply = replies.get(slot.index)
+            answered = reply is not None and not reply.get("unresponsive") and reply.get("pid") == slot.pid
+            workers.append(metrics.WorkerSample(
+                index=slot.index, pid=slot.pid, restarts=slot.restarts,
+                start_time=round(wall - (mono - slot.started), 3), heartbeat_age=mono - slot.last_heartbeat,
+                stats=reply if answered else None, process=samples.get(slot.pid)))
+        queues = [row for w in workers if w.stats is not None for row in w.stats.get("queues", [])]
+        scrape = metrics.Scrape(
+            workers=workers, supervisor=samples.get(os.getpid()), start_time=sup.started,
+            max_fds=max_fds(), version=sup.server_info()["broker"].rpartition(" ")[2],
+            nats_protocol=sup.server_info()["version"], max_connections=cfg.limits.max_connections,
+            max_pending_bytes=cfg.limits.max_pending_bytes, queues=queues)
+        data, content_type = metrics.render(scrape, accept)
+        return 200, Body(data, content_type)
+
+
+def _duration(seconds: float) -> str:
+    """Go's time.Duration text, as nats-server writes ``rtt``."""
+    if seconds <= 0:
+        return "0s"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.3f}".rstrip("0").rstrip(".") + "µs"
+    if seconds < 1:
+        return f"{seconds * 1e3:.6f}".rstrip("0").rstrip(".") + "ms"
+    return f"{seconds:.9f}".rstrip("0").rstrip(".") + "s"

@@ -6,7 +6,8 @@
 - Failures per source address are counted here, across all workers (a client's connections are spread over all
   of them): past ``failures_per_address`` within ``failure_window`` the address is blocked on every worker for
   ``block_duration``.
-- SIGHUP re-reads the configuration file's users (runtime changes are dropped: users are not persisted).
+- A reload (SIGHUP, ``brokerctl reload``: cluster.reload) re-reads the configuration file's users (runtime changes
+  are dropped: users are not persisted).
 - At start, the configured plaintext passwords are hashed on threads while the workers boot (hashlib releases the
   GIL); the workers start with an empty registry and get the configured users, as one change they acknowledge,
   before the supervisor lets any client in.
@@ -24,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
 from . import passwords, users
-from .config import Config, ConfigError, has_plaintext_passwords, has_qlite_secrets, load
+from .config import Config, has_plaintext_passwords, has_qlite_secrets
 
 
 class Cluster(Protocol):
@@ -116,20 +117,15 @@ class SecurityManager:
         if not waiting and not fut.done():
             fut.set_result(None)
 
-    async def reload(self) -> None:
-        path = self.sup.config.source
-        if path is None:
-            log.warning("SIGHUP: no configuration file to re-read users from")
-            return
-        try:
-            config = load(path, check_paths=False)  # only the users are re-read
-        except ConfigError as exc:
-            log.error("SIGHUP: configuration not reloaded (the users stay as they are): %s", exc)
-            return
+    async def reload_users(self, config: Config) -> None:
+        """A reload (cluster.reload): the file's users replace every user, those made at run time included, and
+        its settings (failure counting, no_auth_user) replace the running ones."""
         warn_if_exposed(config)
         registry = await asyncio.to_thread(users.from_config, config.security)
+        self.settings = config.security
         await self.apply({"op": "replace", "users": registry.snapshot()})
-        log.info("SIGHUP: %d user(s) reloaded from %s", len(registry.users), path)
+        warn_if_open_admin(config, registry)
+        log.info("%d user(s) reloaded from %s", len(registry.users), config.source)
 
     # -- failures per address -------------------------------------------------------------------------------
     def auth_failure(self, address: str) -> None:

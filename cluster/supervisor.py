@@ -4,19 +4,25 @@ Modelled on gunicorn's arbiter.  Signal handlers only queue the signal; the main
 and then keeps the real set of workers moving toward the wanted one (``_murder_unresponsive``; replacements are
 spawned as soon as a worker's exit is seen).
 
-Signals: TERM and INT stop gracefully (a second INT forces), QUIT stops at once, HUP re-reads the users of the
-configuration file.  Exit codes: 0 clean stop, 1 forced stop or runtime failure, 2 bad configuration (from the CLI),
-3 a worker failed to boot.
+Signals: TERM and INT stop gracefully (a second INT forces), QUIT stops at once, HUP reloads the configuration
+(cluster.reload), USR2 enters lame duck mode (cluster.lameduck; TERM does not cut it short).  ``brokerctl reload``
+and ``brokerctl lameduck`` do the same through the command socket (cluster.command_socket).  systemd hears of all
+of it (cluster.systemd, cluster.service_status), and may pass the listeners (socket activation).  Exit codes: 0
+clean stop, 1 forced stop or runtime failure, 2 bad configuration (from the CLI; or listeners passed by systemd
+that the configuration does not enable), 3 a worker failed to boot.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import errno
+import faulthandler
 import logging
 import os
 import resource
 import signal
+import socket
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -24,10 +30,14 @@ from typing import TYPE_CHECKING, Any
 
 from . import control, runtime, systemd
 from .acceptor import Acceptor, Listener, bind
+from .command_socket import CommandServer
 from .config import Config, without_plaintext_passwords
+from .lameduck import LameDuck
 from .launch import WorkerProcess
 from .logs import setup_logging
+from .reload import Outcome, Reloader
 from .security import SecurityManager
+from .service_status import ServiceStatus
 
 if TYPE_CHECKING:
     from .monitor import Monitor
@@ -39,9 +49,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("broker.supervisor")
 
-EXIT_OK, EXIT_FAILED, EXIT_BOOT_FAILED = 0, 1, 3
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_BOOT_FAILED = 0, 1, 2, 3
 NATS_PROTOCOL_LEVEL = "2.10.0"
 _CRASH_WINDOW, _CRASH_LIMIT = 60.0, 10   # more worker deaths than this within the window: stop, do not loop
+_ABORT_WAIT = 2.0   # seconds an aborted worker gets to write its stack trace and die before SIGKILL
+# The config key a passed listener stands in for (socket activation), by FileDescriptorName=.
+_SECTIONS = {"ndjson": "network", "nats": "nats", "bridge": "bridge", "qlite": "qlite", "monitoring": "monitoring"}
 
 
 @dataclass(eq=False)
@@ -56,6 +69,9 @@ class WorkerSlot:
     started: float = field(default_factory=time.monotonic)
     last_heartbeat: float = field(default_factory=time.monotonic)
     boot_error: str | None = None
+    aborted: float = 0.0                   # when a stuck worker was sent SIGABRT (0: never)
+    ldm_done: bool = False                 # in lame duck mode: it has no client left
+    restarts: int = 0                      # times worker `index` was replaced before this one (/metrics)
 
 
 class Supervisor:
@@ -81,38 +97,99 @@ class Supervisor:
         self._requests: dict[int, tuple[asyncio.Future, dict]] = {}
         self._next_req = 0
         self._version = ""
+        # systemd (cluster.systemd): taken from the environment in run(), so that no worker inherits it
+        self.state = "starting"                # starting, ready, reloading, lame duck, stopping
+        self.notifier = systemd.Notifier(None)
+        self.status: ServiceStatus | None = None
+        self._watchdog_usec = 0
+        self._fatal: tuple[str, int] | None = None   # why the broker stops on its own: STATUS= and ERRNO=
+        self._monitor_sock: socket.socket | None = None
+        self.reloader = Reloader(self)
+        self.lame_duck: LameDuck | None = None
+        self._lame_duck_ints = 0
+        self.commands = CommandServer(self._command)
 
     # -- entry ----------------------------------------------------------------------------------------------
     def run(self) -> int:
-        setup_logging(self.config.logging.level, "supervisor")
+        # First: nothing the supervisor starts may inherit systemd's variables (workers would notify as us).
+        self.notifier, self._watchdog_usec = systemd.take_environment()
+        faulthandler.enable()   # a watchdog's SIGABRT (or a crash) leaves every thread's stack in the log
+        setup_logging(self.config.logging, "supervisor")
         _raise_open_files_limit()
         # Hash the configured passwords (on threads, while everything else starts), then forget the plaintext:
         # workers are spawned with the stripped config, and get the hashes before the broker is ready.
         self.security = SecurityManager(self, self.config)
         self.config = without_plaintext_passwords(self.config)
         try:
-            self.listeners = self._bind()
+            self.listeners = self._bind(self._adopt(systemd.listen_fds()))
+        except systemd.ActivationError as exc:
+            return self._failed(f"socket activation: {exc}", errno.EINVAL, EXIT_CONFIG)
         except OSError as exc:
-            log.error("%s", exc)
-            return EXIT_FAILED
+            return self._failed(exc.strerror or str(exc), exc.errno or errno.EIO, EXIT_FAILED)
         try:
             try:
                 # runtime.dir was checked at load; this still fails if it changed since (or the default's does)
                 self.runtime_dir = runtime.create(self.config.runtime.dir)
             except OSError as exc:
-                log.error("cannot create the runtime directory in %s: %s",
-                          self.config.runtime.dir or runtime.default_parent(), exc.strerror or exc)
-                return EXIT_FAILED
+                return self._failed(f"cannot create the runtime directory in "
+                                    f"{self.config.runtime.dir or runtime.default_parent()}: {exc.strerror or exc}",
+                                    exc.errno or errno.EIO, EXIT_FAILED)
             log.info("runtime directory %s", self.runtime_dir)
-            return asyncio.run(self._main())
+            code = asyncio.run(self._main())
+            if self._fatal is not None:  # the last word: what `systemctl status` shows after the exit
+                self.notifier.send(STATUS=self._fatal[0], ERRNO=self._fatal[1])
+            return code
         finally:
             for lst in self.listeners:
                 lst.sock.close()
+            if self._monitor_sock is not None:
+                self._monitor_sock.close()
             if self.runtime_dir:
                 runtime.remove(self.runtime_dir)
+            self.notifier.close()
 
-    def _bind(self) -> list[Listener]:
+    def _failed(self, reason: str, err: int, code: int) -> int:
+        """A start that cannot go on: the log, and systemd's STATUS= and ERRNO=."""
+        log.error("%s", reason)
+        self.notifier.send(STATUS=reason, ERRNO=err)
+        return code
+
+    def _adopt(self, passed: list[tuple[str, socket.socket]]) -> dict[str, socket.socket]:
+        """Which listener each socket passed by systemd is: its FileDescriptorName= if that names one (ndjson,
+        nats, bridge, qlite, monitoring), else the listener whose configured port is the socket's (one
+        shardbroker.socket unit with several ListenStream= gives every fd the unit's name)."""
         cfg = self.config
+        enabled = {"ndjson": (True, cfg.network.port), "nats": (cfg.nats.enabled, cfg.nats.port),
+                   "bridge": (cfg.bridge.enabled, cfg.bridge.port), "qlite": (cfg.qlite.enabled, cfg.qlite.port),
+                   "monitoring": (cfg.monitoring.enabled, cfg.monitoring.port)}
+        out: dict[str, socket.socket] = {}
+        for name, sock in passed:
+            if sock.family not in (socket.AF_INET, socket.AF_INET6):
+                raise systemd.ActivationError(f"the passed listener {name!r} is not a TCP socket (ListenStream= "
+                                              f"takes an address and port here)")
+            port = sock.getsockname()[1]
+            if name not in enabled:
+                name = next((n for n, (on, p) in enabled.items() if on and p and p == port), name)
+            if name not in enabled:
+                raise systemd.ActivationError(
+                    f"the passed listener on port {port} is named {name!r} and no enabled listener is configured "
+                    f"on that port: name it (FileDescriptorName= {', '.join(enabled)}) or configure its port")
+            if not enabled[name][0]:
+                raise systemd.ActivationError(f"a {name} listener was passed, but {_SECTIONS[name]}.enabled is "
+                                              f"false")
+            if name in out:
+                raise systemd.ActivationError(f"two {name} listeners were passed")
+            out[name] = sock
+        return out
+
+    def _bind(self, passed: dict[str, socket.socket]) -> list[Listener]:
+        """The client listeners: those systemd passed (socket activation, after ``_adopt``), else bound here."""
+        cfg = self.config
+        self._monitor_sock = passed.pop("monitoring", None)
+        if self._monitor_sock is not None:
+            host, port = self._monitor_sock.getsockname()[:2]
+            log.info("monitoring: listening on %s:%d, passed by systemd (monitoring.bind and monitoring.port are "
+                     "not used)", host, port)
         wanted = [("ndjson", cfg.network.bind, cfg.network.port, b'{"ok":false,"error":"max_connections"}\n')]
         if cfg.nats.enabled:
             wanted.append(("nats", cfg.bind_for(cfg.nats.bind), cfg.nats.port,
@@ -125,6 +202,12 @@ class Supervisor:
             wanted.append(("qlite", cfg.bind_for(cfg.qlite.bind), cfg.qlite.port, REFUSAL))
         listeners = []
         for proto, host, port, refusal in wanted:
+            if proto in passed:
+                listeners.append(Listener(proto, passed.pop(proto), refusal))
+                section = _SECTIONS[proto]
+                log.info("%s: listening on %s, passed by systemd (%s.bind and %s.port are not used)", proto,
+                         listeners[-1].describe(), section, section)
+                continue
             try:
                 listeners.append(Listener(proto, bind(host, port), refusal))
             except OSError as exc:
@@ -136,8 +219,13 @@ class Supervisor:
     async def _main(self) -> int:
         loop = asyncio.get_running_loop()
         self._signals = asyncio.Queue()
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
+        # Every handler is in place before READY=1: systemd >= 262 requires a Type=notify-reload service to
+        # catch its ReloadSignal (SIGHUP) by then.
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGUSR2):
             loop.add_signal_handler(sig, self._signals.put_nowait, sig)
+        self.status = ServiceStatus(self.notifier, self._watchdog_usec, self)
+        self.status.start()
+        self.status.set(f"starting {self.nworkers} workers")
         self._booted = asyncio.Event()
         for i in range(self.nworkers):
             self._spawn(i, send_args=False)
@@ -154,7 +242,9 @@ class Supervisor:
             self.acceptor.start()
             if self.config.monitoring.enabled:
                 self.monitor = Monitor(self)
-                await self.monitor.start()
+                await self.monitor.start(sock=self._monitor_sock)
+                self._monitor_sock = None   # the server owns it now
+            await self._start_commands()
             self._announce_ready()
             while self._stop is None:
                 try:
@@ -164,8 +254,18 @@ class Supervisor:
                 if sig:  # 0 only wakes the loop
                     getattr(self, f"handle_{signal.Signals(sig).name[3:].lower()}")()
                 self._murder_unresponsive()
+                if self.lame_duck is not None and self._stop is None and self.lame_duck.finished():
+                    log.info("lame duck: every client is gone; stopping")
+                    self._stop = "graceful"
         await self._shutdown()
+        self.status.close()
         return self._exit_code
+
+    async def _start_commands(self) -> None:
+        try:
+            await self.commands.start(self.runtime_dir)
+        except OSError as exc:  # a runtime.dir path too long for a unix socket, say: signals still work
+            log.warning("no command socket (brokerctl reload/lameduck; SIGHUP and SIGUSR2 still work): %s", exc)
 
     async def _wait_for_boot(self) -> bool:
         """Until every worker has joined the fabric and holds the configured users (whose passwords are hashed
@@ -178,14 +278,14 @@ class Supervisor:
                 if time.monotonic() > deadline and not self._booted.is_set():
                     slow = [s.index for s in self.slots if s and s.state != "ready"]
                     self._halt(f"worker(s) {slow} did not boot within {self.config.workers.boot_timeout:g}s",
-                               EXIT_BOOT_FAILED)
+                               EXIT_BOOT_FAILED, errno.ETIMEDOUT)
                     break
                 try:
                     sig = await asyncio.wait_for(self._signals.get(), 1.0)
                 except TimeoutError:
                     continue
-                if sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
-                    self._stop = "fast"
+                if sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR2):
+                    self._stop = "fast"   # nothing to drain yet (and nothing to be a lame duck for)
         finally:
             if not users.done():
                 users.cancel()
@@ -199,15 +299,28 @@ class Supervisor:
             parts.append(f"monitoring={self.monitor.describe()}")
         pids = ",".join(str(s.pid) for s in self.slots if s)
         log.info("ready: %s workers=%d pids=%s version=%s", " ".join(parts), self.nworkers, pids, self._version)
-        systemd.notify(f"READY=1\nMAINPID={os.getpid()}")
+        self.state = "ready"
+        self.notifier.send(READY=1, MAINPID=os.getpid(),
+                           STATUS=f"ready: {self.nworkers} workers, {' '.join(parts)}")
 
     # -- signals --------------------------------------------------------------------------------------------
     def handle_term(self) -> None:
+        if self.lame_duck is not None:  # as nats-server: the unit's stop may come right after the SIGUSR2
+            log.info("SIGTERM: in lame duck mode, %d client(s) left; it goes on (SIGQUIT stops now)",
+                     self.lame_duck.clients_left())
+            return
         log.info("SIGTERM: stopping gracefully")
         self._stop = "graceful"
 
     def handle_int(self) -> None:
-        log.info("SIGINT: stopping gracefully (again to force)")
+        if self.lame_duck is not None:
+            self._lame_duck_ints += 1
+            if self._lame_duck_ints < 2:
+                log.info("SIGINT: in lame duck mode; it goes on (again to stop now)")
+                return
+            log.warning("second SIGINT: ending lame duck mode; stopping gracefully")
+        else:
+            log.info("SIGINT: stopping gracefully (again to force)")
         self._stop = "graceful"
 
     def handle_quit(self) -> None:
@@ -215,12 +328,50 @@ class Supervisor:
         self._stop = "fast"
 
     def handle_hup(self) -> None:
-        log.info("SIGHUP: re-reading users from the configuration file")
-        asyncio.ensure_future(self.security.reload())
+        if self.state != "ready":
+            log.warning("SIGHUP: not reloading while %s", self.state)
+            return
+        asyncio.ensure_future(self.reload("SIGHUP"))
 
-    def _halt(self, reason: str, code: int) -> None:
+    def handle_usr2(self) -> None:
+        self.enter_lame_duck("SIGUSR2")
+
+    async def reload(self, origin: str) -> Outcome:
+        self.state = "reloading"
+        try:
+            return await self.reloader.reload(origin)
+        finally:
+            if self.state == "reloading":
+                self.state = "ready"
+
+    def enter_lame_duck(self, origin: str) -> dict:
+        if self.state not in ("ready", "reloading"):
+            log.warning("%s: not entering lame duck mode while %s", origin, self.state)
+            return {"ok": False, "error": f"the broker is {self.state}"}
+        self.state = "lame duck"
+        self.lame_duck = LameDuck(self)
+        return {"ok": True, "pid": os.getpid(), **self.lame_duck.begin(origin)}
+
+    async def _command(self, request: dict) -> dict:
+        """A request on the command socket (brokerctl)."""
+        cmd = request.get("cmd")
+        if cmd == "reload":
+            if self.state not in ("ready", "reloading"):
+                return {"ok": False, "error": f"not reloading while {self.state}"}
+            return (await self.reload("brokerctl reload")).as_dict()
+        if cmd == "lameduck":
+            return self.enter_lame_duck("brokerctl lameduck")
+        return {"ok": False, "error": f"unknown command {cmd!r}"}
+
+    def set_status(self, text: str) -> None:
+        if self.status is not None:
+            self.status.set(text)
+
+    def _halt(self, reason: str, code: int, err: int = errno.EIO) -> None:
         log.error("%s; stopping", reason)
         self._exit_code = code
+        self._fatal = (reason, err)
+        self.notifier.send(STATUS=reason, ERRNO=err)
         if self._stop is None:
             self._stop = "graceful"
         if self._signals is not None:
@@ -233,7 +384,9 @@ class Supervisor:
         self._epoch += 1
         loop = asyncio.get_running_loop()
         proc = WorkerProcess(index)
-        slot = WorkerSlot(index, self._epoch, proc, pid=proc.pid)
+        before = self.slots[index]
+        slot = WorkerSlot(index, self._epoch, proc, pid=proc.pid,
+                          restarts=before.restarts + 1 if before is not None else 0)
         slot.channel = control.Channel(proc.ctl_sock, partial(self._on_worker_message, slot), lambda: None)
         self.slots[index] = slot
         loop.add_reader(proc.sentinel, self._on_worker_exit, slot)
@@ -274,6 +427,8 @@ class Supervisor:
             slot.last_heartbeat = time.monotonic()
             if self._booted.is_set():
                 log.info("worker %d is back (pid %d)", slot.index, slot.pid)
+                if self.state == "ready":
+                    self.set_status(f"worker {slot.index} is back (pid {slot.pid})")
             elif all(s is not None and s.state == "ready" for s in self.slots):
                 self._booted.set()
                 self._signals.put_nowait(0)  # wake _wait_for_boot now
@@ -289,6 +444,9 @@ class Supervisor:
             self.security.acknowledged(slot, int(msg.get("v", 0)))
         elif kind == "auth_fail":
             self.security.auth_failure(str(msg.get("ip")))
+        elif kind == "ldm_done":
+            slot.ldm_done = True
+            self._signals.put_nowait(0)  # the main loop checks whether every worker is done
         else:
             log.error("unknown message %r from worker %d", kind, slot.index)
 
@@ -306,12 +464,16 @@ class Supervisor:
         if self._stop is not None:
             log.info("worker %d (pid %d) exited: %s", slot.index, slot.pid, how)
             return
-        if was == "booting":
+        if was == "booting" and self.lame_duck is None:
             self._halt(f"worker {slot.index} (pid {slot.pid}) failed to boot: {slot.boot_error or how}",
                        EXIT_BOOT_FAILED)
             return
         for other in self.live_slots():  # the dead one is marked dead already
             other.channel.send({"k": "peer_down", "w": slot.index, "epoch": slot.epoch})
+        if self.lame_duck is not None:  # going out of service: its clients are gone, nothing to replace
+            log.error("worker %d (pid %d) died (%s) in lame duck mode; not replacing it", slot.index, slot.pid, how)
+            self._signals.put_nowait(0)
+            return
         now = time.monotonic()
         self._deaths = [t for t in self._deaths if now - t < _CRASH_WINDOW] + [now]
         if len(self._deaths) > _CRASH_LIMIT:  # a crash loop: this death is not replaced, and says why
@@ -319,17 +481,28 @@ class Supervisor:
                        f"{_CRASH_WINDOW:g}s, a crash loop", EXIT_FAILED)
             return
         log.error("worker %d (pid %d) died (%s); replacing it", slot.index, slot.pid, how)
+        self.set_status(f"worker {slot.index} died ({how}); replacing it")
         self._spawn(slot.index)
 
     def _murder_unresponsive(self) -> None:
+        """A worker whose loop sent no heartbeat in time is aborted: SIGABRT, which its faulthandler turns into a
+        stack trace of every thread in the log (where was it stuck?), then SIGKILL if it is still there."""
         now = time.monotonic()
         timeout = self.config.workers.heartbeat_timeout
         for slot in self.slots:
-            if slot is not None and slot.state == "ready" and now - slot.last_heartbeat > timeout:
-                log.error("worker %d (pid %d) sent no heartbeat for %.1fs; killing it",
-                          slot.index, slot.pid, now - slot.last_heartbeat)
+            if slot is None or slot.state != "ready":
+                continue
+            if slot.aborted and now - slot.aborted > _ABORT_WAIT:
+                log.error("worker %d (pid %d) survived SIGABRT; killing it", slot.index, slot.pid)
                 _kill(slot.pid)
+                slot.aborted = 0.0
                 slot.last_heartbeat = now  # one kill per timeout, while the exit is being noticed
+            elif not slot.aborted and now - slot.last_heartbeat > timeout:
+                log.error("worker %d (pid %d) sent no heartbeat for %.1fs; aborting it (its stack trace follows)",
+                          slot.index, slot.pid, now - slot.last_heartbeat)
+                _kill(slot.pid, signal.SIGABRT)
+                _kill(slot.pid, signal.SIGCONT)   # a stopped process takes its SIGABRT only once it runs
+                slot.aborted = now
 
     # -- connections ----------------------------------------------------------------------------------------
     def _handoff(self, lst: Listener, conn) -> bool:
@@ -350,12 +523,12 @@ class Supervisor:
     def _at_capacity(self) -> bool:
         return sum(s.live for s in self.slots if s is not None) >= self.config.limits.max_connections
 
-    async def query(self, message: dict, timeout: float = 2.0) -> list[dict]:
-        """Ask every ready worker; a worker that does not answer in time is reported as such."""
+    async def query(self, message: dict, timeout: float = 2.0, slots: list[WorkerSlot] | None = None) -> list[dict]:
+        """Ask every ready worker (or ``slots``); a worker that does not answer in time is reported as such."""
         loop = asyncio.get_running_loop()
         waits = []
-        for slot in self.slots:
-            if slot is None or slot.state != "ready":
+        for slot in self.slots if slots is None else slots:
+            if slot is None or (slots is None and slot.state != "ready") or slot.state == "dead":
                 continue
             self._next_req += 1
             fut = loop.create_future()
@@ -373,20 +546,23 @@ class Supervisor:
 
     # -- stopping -------------------------------------------------------------------------------------------
     async def _shutdown(self) -> None:
-        systemd.notify("STOPPING=1")
-        if self.acceptor is not None:
-            self.acceptor.close()
-        if self.monitor is not None:
-            await self.monitor.close()
+        self.state = "stopping"
         grace = self.config.shutdown.grace_period
         alive = self.live_slots()
+        deadline = time.monotonic() + grace + 2.0
+        # systemd's stop timeout is extended while connections and workers go (STOPPING=1 first)
+        self.status.drain("stopping", partial(_left, alive), deadline + 1.0)
+        if self.acceptor is not None:
+            self.acceptor.close()
+        await self.commands.close()
+        if self.monitor is not None:
+            await self.monitor.close()
         if self._stop == "fast":
             for slot in alive:
                 _kill(slot.pid)
         else:
             for slot in alive:
                 slot.channel.send({"k": "stop", "grace": grace})
-        deadline = time.monotonic() + grace + 2.0
         forced = False
         while any(s.state != "dead" for s in alive):
             if time.monotonic() > deadline and not forced:
@@ -409,9 +585,16 @@ class Supervisor:
         log.info("stopped")
 
 
-def _kill(pid: int) -> None:
+def _left(slots: list[WorkerSlot]) -> tuple[int, str]:
+    """What a stop still waits for: its progress, and the words for it (systemd's status line)."""
+    running = [s for s in slots if s.state != "dead"]
+    conns = sum(s.live for s in running)
+    return len(running) + conns, f"{len(running)} worker(s) and {conns} connection(s) left"
+
+
+def _kill(pid: int, sig: int = signal.SIGKILL) -> None:
     try:
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, sig)
     except ProcessLookupError:
         pass
 

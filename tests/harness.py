@@ -26,8 +26,14 @@ READY = re.compile(r"ready: (.*) workers=(\d+) pids=([\d,]+)")
 
 class Broker:
     def __init__(self, tmp: Path, workers: int = 2, config: dict | None = None, args: list[str] = (),
-                 grace: float = 5.0) -> None:
+                 grace: float = 5.0, env: dict | None = None, pass_fds: tuple[int, ...] = (),
+                 prefix: list[str] = ()) -> None:
+        """``env``: extra environment variables; ``pass_fds``: fds the broker inherits; ``prefix``: a command
+        the broker's command line is appended to (systemd-socket-activate, a shell that sets LISTEN_PID)."""
         self.tmp = tmp
+        self.env = dict(env or {})
+        self.pass_fds = tuple(pass_fds)
+        self.prefix = list(prefix)
         self.workers = workers
         self.config = config
         self.args = list(args)
@@ -45,13 +51,14 @@ class Broker:
             path = self.tmp / f"config-{id(self)}.json"
             path.write_text(json.dumps(self.config))
             cmd += ["--config", str(path)]
-        return cmd + self.args
+        return self.prefix + cmd + self.args
 
     def start(self, timeout: float = 30.0) -> "Broker":
         self._log = open(self.log_path, "wb")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         self.proc = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO,
-                                     env=env, start_new_session=True, stdin=subprocess.DEVNULL)
+                                     env=env, start_new_session=True, stdin=subprocess.DEVNULL,
+                                     pass_fds=self.pass_fds)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             m = READY.search(self.log())

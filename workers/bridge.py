@@ -11,6 +11,8 @@ any message on their subject, from any protocol, as chunks and the end marker.
 
 from __future__ import annotations
 
+import time
+
 from . import bridge_codec as codec
 from .connection import PAUSE_SYNC, Connection
 from .hub import Hub, Subscription
@@ -36,6 +38,7 @@ class BridgeSession(Connection):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
+        self.last_activity = time.time()
         if self._publishing is not None:
             self._stream(data)
             return

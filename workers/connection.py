@@ -41,6 +41,9 @@ _SIOCOUTQ = termios.TIOCOUTQ if termios is not None and sys.platform.startswith(
 TURN_BUDGET = 20_000  # publishes and deliveries one event-loop turn may make before leaving the rest to the next
 LINGER = 2.0  # seconds a closing connection waits for the client's own close once its output has drained
 _HELD_MAX = 1024  # items read while a request is pending (see suspend) before reading pauses
+# /connz fields (``info``) and the attributes that hold them, for sorting (``sort_field``)
+_SORT_ATTRS = {"cid": "cid", "out_msgs": "msgs_out", "in_msgs": "msgs_in", "out_bytes": "bytes_out",
+               "in_bytes": "bytes_in", "last_activity": "last_activity", "start": "started", "rtt": "rtt"}
 
 
 class Connection(asyncio.Protocol):
@@ -67,6 +70,8 @@ class Connection(asyncio.Protocol):
         self._held: list | None = None   # items waiting for a suspended one to complete
         self._yielded = False            # ... or only for a later turn (budget, or the worker's hold)
         self.started = time.time()
+        self.last_activity = self.started   # the last read from the client or write to it (/connz sort=last)
+        self.reason = ""   # why it was closed, when the broker knows better than the transport (debug log)
         self._paused = 0
         # Published to another worker since the last ping: the ping's reply waits until those messages are
         # delivered there (Hub.after_inflight), so a reply to a ping means "delivered", as in one process.
@@ -87,12 +92,23 @@ class Connection(asyncio.Protocol):
         if peer:
             self.peer = (peer[0], peer[1])
         self.hub.register(self)
+        log.debug("cid:%d %s:%d %s connection created", self.cid, self.peer[0], self.peer[1], self.protocol,
+                  extra={"cid": self.cid, "peer": f"{self.peer[0]}:{self.peer[1]}", "protocol": self.protocol})
         self.opened()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        we_closed = self.closed
         self.closed = True
         self.out = []
         self.hub.unregister(self)
+        if log.isEnabledFor(logging.DEBUG):
+            reason = self.reason or (f"read error: {exc}" if exc else "client closed" if self.peer_eof else
+                                     "server shutdown" if self.hub.stopping else
+                                     "server closed" if we_closed else "client closed")
+            log.debug("cid:%d %s:%d %s connection closed after %.3fs: %s", self.cid, self.peer[0], self.peer[1],
+                      self.protocol, time.time() - self.started, reason,
+                      extra={"cid": self.cid, "peer": f"{self.peer[0]}:{self.peer[1]}", "protocol": self.protocol,
+                             "reason": reason})
 
     def eof_received(self) -> bool:
         """The client will send nothing more (``printf ... | nc -N``): answer what it sent, then close.  A request
@@ -111,6 +127,11 @@ class Connection(asyncio.Protocol):
     def opened(self) -> None:
         """Hook for sessions that greet their client."""
 
+    def lame_duck(self) -> int:
+        """Hook: the worker is in lame duck mode and will close this connection soon (workers.lameduck).  A
+        protocol that can say so to its client does, and returns 1."""
+        return 0
+
     # -- the client's requests, in order --------------------------------------------------------------------
     # A session turns each read into items (lines, commands) and ``execute``s them in order.  An item whose
     # completion comes later (a subscription reaching the other workers, a password check) suspends the rest:
@@ -120,6 +141,7 @@ class Connection(asyncio.Protocol):
         raise NotImplementedError
 
     def process(self, items: list) -> None:
+        self.last_activity = time.time()
         if self._held is not None:
             self._held.extend(items)
             if len(self._held) >= _HELD_MAX:
@@ -213,6 +235,7 @@ class Connection(asyncio.Protocol):
         if self.closed or not self.out or self.corked:
             return
         out, self.out = self.out, []
+        self.last_activity = time.time()
         self.flushed_total += self.out_bytes
         self.out_bytes = 0
         self.transport.writelines(out)
@@ -340,10 +363,19 @@ class Connection(asyncio.Protocol):
 
     def user_deleted(self) -> None:
         """The connection's user was deleted: it has no business staying connected."""
+        self.reason = "user deleted"
         self.close()
 
     def subjects(self) -> list[str]:
         return sorted({sub.subject for sub in self.subs.values()})
+
+    def sort_field(self, name: str) -> float:
+        """A field of ``info`` that /connz sorts by (cluster/connz.py), read without building the whole dict."""
+        if name == "subscriptions":
+            return len(self.subs)
+        if name == "pending_bytes":
+            return self.pending_bytes
+        return getattr(self, _SORT_ATTRS[name], 0)
 
     def info(self) -> dict:
         """This connection in nats-server's /connz shape (plus ``protocol`` and, from the worker, ``worker``)."""
@@ -353,6 +385,6 @@ class Connection(asyncio.Protocol):
             "authorized_user": self.user.name if self.user is not None else "",
             "subscriptions": len(self.subs), "pending_bytes": self.pending_bytes,
             "in_msgs": self.msgs_in, "in_bytes": self.bytes_in, "out_msgs": self.msgs_out, "out_bytes": self.bytes_out,
-            "out_wire_bytes": self.flushed_total,
+            "out_wire_bytes": self.flushed_total, "last_activity": self.last_activity,
             "name": "", "lang": "", "version": "",
         }

@@ -200,8 +200,9 @@ class Hub:
 
     def slow_consumer(self, conn: "Connection") -> None:
         self.slow_consumers += 1
+        conn.reason = "slow consumer (pending bytes)"
         log.warning("slow consumer: cid %d had more than %d bytes pending; closing it",
-                    conn.cid, self.limits.max_pending_bytes)
+                    conn.cid, self.limits.max_pending_bytes, extra={"cid": conn.cid, "reason": conn.reason})
 
     # -- subscriptions --------------------------------------------------------------------------------------
     def _invalidate(self) -> None:
@@ -715,6 +716,7 @@ class Hub:
 
     def stats(self) -> dict:
         live = self.conns.values()
+        pending = [c.pending_bytes for c in live]
         return {
             "worker": self.index,
             "connections": len(self.conns),
@@ -730,6 +732,8 @@ class Hub:
             "out_bytes": self.bytes_out + sum(c.bytes_out for c in live),
             "out_wire_bytes": self.wire_bytes_out + sum(c.flushed_total for c in live),
             "slow_consumers": self.slow_consumers,
+            "pending_bytes": sum(pending),
+            "pending_bytes_max": max(pending, default=0),   # the connection closest to being a slow consumer
             "backpressure_episodes": self.backpressure.episodes,
             "backpressure_released": self.backpressure.released,
             "route_cache": len(self.routes),

@@ -72,17 +72,31 @@ class NatsSession(Connection):
         self._pong_at = -1   # flushed_total when a PONG was queued: while it has not moved, the PONG is unsent
         self._pings_out = 0
         self._pinged = False
+        self._ping_sent = 0.0   # when our unanswered PING left (monotonic), for the RTT
+        self.rtt = 0.0
         self._last_read = time.monotonic()
         self._ping_timer: asyncio.TimerHandle | None = None
         self._auth_timer: asyncio.TimerHandle | None = None
 
     # -- life cycle -----------------------------------------------------------------------------------------
     def opened(self) -> None:
+        if self._secure:
+            self._auth_timer = self.hub.loop.call_later(self.hub.auth.config.auth_timeout, self._auth_timeout)
+        self.send(codec.info(orjson.dumps(self._info())))
+
+    def _info(self) -> dict:
         info = dict(self.hub.server_info, client_id=self.cid, client_ip=self.peer[0])
         if self._secure:
             info["auth_required"] = True
-            self._auth_timer = self.hub.loop.call_later(self.hub.auth.config.auth_timeout, self._auth_timeout)
-        self.send(codec.info(orjson.dumps(info)))
+        return info
+
+    def lame_duck(self) -> int:
+        """nats-server's lame duck INFO, to a client past its CONNECT (earlier, a client would take it for the
+        greeting): nats-py calls its ``lame_duck_mode_cb``, nats.go its ``LameDuckModeHandler``."""
+        if self.closed or not self.connected:
+            return 0
+        self.send(codec.info(orjson.dumps(self._info() | {"ldm": True})))
+        return 1
 
     def connection_lost(self, exc: Exception | None) -> None:
         for timer in (self._ping_timer, self._auth_timer):
@@ -92,6 +106,10 @@ class NatsSession(Connection):
 
     def _fail(self, text: str | None) -> None:
         """nats-server's way out: the -ERR (if the error has one), then close."""
+        if not self.closed:
+            self.reason = text or "protocol error"
+            log.info("cid:%d %s:%d nats: %s; closing", self.cid, self.peer[0], self.peer[1], self.reason,
+                     extra={"cid": self.cid, "peer": f"{self.peer[0]}:{self.peer[1]}", "reason": self.reason})
         if text is not None:
             self.send(codec.err(text))
         self.close()
@@ -122,6 +140,8 @@ class NatsSession(Connection):
             self._unsub(cmd[1], cmd[2])
         elif op == codec.OP_PONG:
             self._pings_out = 0
+            if self._ping_sent:  # the answer to our PING: nats-server's RTT (/connz rtt)
+                self.rtt, self._ping_sent = time.monotonic() - self._ping_sent, 0.0
         elif op == codec.OP_CONNECT:
             self._connect(cmd[1])
         elif op == _OP_SEND:
@@ -409,6 +429,7 @@ class NatsSession(Connection):
                 return
             self._pings_out += 1
             self._pinged = True
+            self._ping_sent = self._ping_sent or time.monotonic()
             self.send(codec.PING)
         self._ping_timer = self.hub.loop.call_later(interval, self._ping_tick)
 
@@ -421,4 +442,4 @@ class NatsSession(Connection):
         self._fail(ERR_AUTH_VIOLATION)
 
     def info(self) -> dict:
-        return super().info() | {"name": self.name, "lang": self.lang, "version": self.version}
+        return super().info() | {"name": self.name, "lang": self.lang, "version": self.version, "rtt": self.rtt}

@@ -269,16 +269,19 @@ class NdjsonSession(Connection):
         if self._auth_failures >= self.hub.auth.config.max_auth_failures:
             log.warning("closing connection %d from %s after %d failed auth attempts",
                         self.cid, self.peer[0], self._auth_failures)
+            self.reason = "authentication failure"
             self.close()
 
     def _auth_timeout(self) -> None:
         self._auth_timer = None
         if self.user is None and not self.closed:
             self.send(ERR_AUTH_TIMEOUT)
+            self.reason = "authentication timeout"
             self.close()
 
     def user_deleted(self) -> None:
         self.send(ERR_USER_DELETED)
+        self.reason = "user deleted"
         self.close()
 
     # -- admin protocol -------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import faulthandler
 import logging
 import os
 import signal
@@ -28,17 +29,19 @@ import socket
 import sys
 import time
 
-from cluster import control, runtime
-from cluster.config import Config
-from cluster.logs import setup_logging
+from cluster import connz, control, runtime
+from cluster.config import Config, from_document
+from cluster.logs import flush_floods, setup_logging
 from router.fabric import Fabric
 
 from .auth import Authenticator
 from .bridge import BridgeSession
 from .hub import Hub
+from .lameduck import LameDuck
+from .looplag import LoopLag
 from .nats import NatsSession
 from .ndjson import NdjsonSession
-from . import workqueues
+from . import reconfigure, workqueues
 
 log = logging.getLogger("broker.worker")
 
@@ -52,8 +55,11 @@ def main(index: int, epoch: int, workers: int, config: Config, runtime_dir: str,
          security_state: tuple[list[dict], str], server_info: dict) -> None:
     """Entry point of the spawned process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A worker whose loop is stuck is sent SIGABRT by the supervisor (and a crash in C code raises one of the
+    # fatal signals): faulthandler writes every thread's stack to stderr, the log, before the process dies.
+    faulthandler.enable()
     _die_with_parent()
-    setup_logging(config.logging.level, f"worker {index}")
+    setup_logging(config.logging, f"worker {index}")
     worker = Worker(index, epoch, workers, config, runtime_dir, ctl_sock,
                     Authenticator(config.security, *security_state), server_info)
     try:
@@ -61,6 +67,7 @@ def main(index: int, epoch: int, workers: int, config: Config, runtime_dir: str,
     except Exception:
         log.exception("worker %d crashed", index)
         code = 1
+    flush_floods()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -108,6 +115,8 @@ class Worker:
         self._done: asyncio.Future | None = None
         self._exit_code = 0
         self._stopping = False
+        self.lame_duck: LameDuck | None = None
+        self.loop_lag = LoopLag()
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -127,8 +136,10 @@ class Worker:
             return EXIT_BOOT_FAILED
         self.ctl.send({"k": "ready", "pid": os.getpid()})
         heartbeat = asyncio.ensure_future(self._heartbeat())
+        self.loop_lag.start()
         code = await self._done
         heartbeat.cancel()
+        self.loop_lag.stop()
         return code
 
     async def _boot(self) -> None:
@@ -148,9 +159,9 @@ class Worker:
         await self.hub.fabric.join(cfg.workers.boot_timeout)
 
     async def _heartbeat(self) -> None:
-        # Four beats per timeout (at most one a second): one late beat must not look like a dead loop.
-        interval = min(1.0, self.config.workers.heartbeat_timeout / 4)
         while True:
+            # Four beats per timeout (at most one a second): one late beat must not look like a dead loop.
+            interval = min(1.0, self.config.workers.heartbeat_timeout / 4)   # read each time: a reload may change it
             asked = time.monotonic()
             await asyncio.sleep(interval)
             lag = time.monotonic() - asked - interval
@@ -183,6 +194,12 @@ class Worker:
             self.ctl.send({"k": "users_ack", "v": msg["v"]})
         elif kind == "block":
             self.auth.block(str(msg["ip"]), float(msg["seconds"]))
+        elif kind == "config":   # a reload (cluster.reload): only keys that may change at run time differ
+            self.config = from_document(msg["doc"])
+            reconfigure.apply(self.config, self.hub, self.auth)
+            self.ctl.send({"k": "reply", "req": msg["req"], "data": {"worker": self.index, "ok": True}})
+        elif kind == "lameduck":
+            self._lame_duck(float(msg["grace"]), float(msg["window"]), int(msg["total"]))
         elif kind == "reply":
             fut = self._requests.pop(msg.get("req"), None)
             if fut is not None and not fut.done():
@@ -191,6 +208,14 @@ class Worker:
             log.error("unknown control message %r", kind)
         for fd in fds[1:]:
             os.close(fd)
+
+    def _lame_duck(self, grace: float, window: float, total: int) -> None:
+        done = lambda: self.ctl.send({"k": "ldm_done"})  # noqa: E731
+        if self.hub is None or self._stopping:   # booting (no client yet) or already stopping: nothing to close
+            done()
+            return
+        self.lame_duck = LameDuck(self.hub, grace, window, total, done)
+        self.lame_duck.start()
 
     async def _request(self, message: dict, timeout: float = 30.0) -> dict:
         """Ask the supervisor and wait for its reply."""
@@ -226,10 +251,17 @@ class Worker:
         hub = self.hub
         data = hub.stats()
         data["pid"] = os.getpid()
+        data["loop_lag"] = self.loop_lag.stats()
         what = msg.get("what")
         if what == "conns":
+            # sorted here and cut to what the page can use (cluster/connz.py): /connz?sort=...&limit=...
+            conns = hub.conns.values()
+            if msg.get("cid") is not None:
+                conns = [c for c in conns if c.cid == msg["cid"]]
+            conns = connz.top(conns, msg.get("sort") or "cid", msg.get("limit"), lambda c, f: c.sort_field(f),
+                              lambda c: c.cid)
             data["conns"] = [c.info() | {"subscriptions_list": c.subjects()} if msg.get("subs") else c.info()
-                             for c in hub.conns.values()]
+                             for c in conns]
         elif what == "subjects":
             data["subjects"] = hub.owned.top(int(msg.get("limit", 100)), msg.get("subject"))
         elif what == "queues" and hub.queue_service is not None:
