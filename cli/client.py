@@ -8,13 +8,16 @@
     with BlockingClient.connect("127.0.0.1", 8080) as c:
         c.pub("chat.room1", "hello")
 
-Work queues (docs/queues.md): ``qpush``, ``qrecv``, ``qack``, ``qextend``, ``qnack``, ``qdead``, ``qstat``,
-``qpurge``, ``qredrive``, and ``consume``, which runs a handler per message and extends its lease while the handler
-runs.  The blocking client sends the same requests with ``request("qpush", queue=..., data=...)``.
+Work queues (docs/queues.md): ``qpush``, ``qpush_many`` (a batch in one request), ``qrecv``, ``qack``,
+``qextend``, ``qnack``, ``qdead``, ``qstat``, ``qpurge``, ``qredrive``, and ``consume``, which runs a handler per
+message and extends its lease while the handler runs.  The blocking client sends the same requests with
+``request("qpush", queue=..., data=...)``.
 
     async with await AsyncClient.connect("127.0.0.1", 8080) as c:
         await c.qpush("jobs", {"n": 1})
         await c.consume("jobs", handle)            # ack on return, nack on an exception
+
+TLS: ``connect(..., tls=tls_context(ca="ca.pem"))`` (and ``cert=``, ``key=`` for a client certificate).
 
 Replies come back in request order, so a request waits on a FIFO of pending replies; deliveries, which may arrive
 between replies, go to a separate queue.  ``pub(..., wait=False)`` pipelines: the reply is consumed without
@@ -26,10 +29,23 @@ from __future__ import annotations
 import asyncio
 import collections
 import socket
+import ssl
 import time
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Iterator, NamedTuple
 
 import orjson
+
+
+@dataclass(frozen=True)
+class QueueMessageSpec:
+    """One message of ``qpush_many`` with its own priority or delay (plain values take the batch's)."""
+    data: Any
+    priority: int | None = None
+    delay_ms: int | None = None
+
+    def as_item(self) -> dict:
+        return {"data": self.data, **_given(priority=self.priority, delay_ms=self.delay_ms)}
 
 
 class BrokerError(Exception):
@@ -59,6 +75,16 @@ class QueueMessage(NamedTuple):
 def _queue_message(queue: str, m: dict) -> QueueMessage:
     extra = {k: v for k, v in m.items() if k not in ("id", "receipt", "data", "deliveries")}
     return QueueMessage(queue, m["id"], m["receipt"], m["data"], m["deliveries"], extra)
+
+
+def tls_context(ca: str | None = None, cert: str | None = None, key: str | None = None) -> ssl.SSLContext:
+    """A client context for a broker with TLS: its certificate verified against ``ca`` (a PEM file; None: the
+    system's CAs) and its name checked; ``cert`` and ``key``: this client's certificate, for a listener that asks
+    for one (mutual TLS; with tls.verify_and_map it names the user, and no password is needed)."""
+    ctx = ssl.create_default_context(cafile=ca)
+    if cert is not None:
+        ctx.load_cert_chain(cert, key)
+    return ctx
 
 
 def _given(**fields: Any) -> dict:
@@ -137,9 +163,13 @@ class AsyncClient:
 
     @classmethod
     async def connect(cls, host: str = "127.0.0.1", port: int = 8080, *, user: str | None = None,
-                      password: str | None = None, timeout: float = 10.0) -> "AsyncClient":
+                      password: str | None = None, timeout: float = 10.0, tls: ssl.SSLContext | None = None,
+                      server_hostname: str | None = None) -> "AsyncClient":
+        """``tls``: a client context (``tls_context``) for a listener with TLS; the certificate must name
+        ``server_hostname`` (default: ``host``)."""
         loop = asyncio.get_running_loop()
-        _, proto = await asyncio.wait_for(loop.create_connection(_Protocol, host, port), timeout)
+        extra = {"ssl": tls, "server_hostname": server_hostname or host} if tls is not None else {}
+        _, proto = await asyncio.wait_for(loop.create_connection(_Protocol, host, port, **extra), timeout)
         client = cls(proto)
         if user is not None:
             await client.auth(user, password or "")
@@ -206,6 +236,18 @@ class AsyncClient:
         """Store a message; -> its id, once the broker has journaled it."""
         reply = await self.request("qpush", queue=queue, data=data, **_given(priority=priority, delay_ms=delay_ms))
         return reply["id"]
+
+    async def qpush_many(self, queue: str, messages: list, *, priority: int | None = None,
+                         delay_ms: int | None = None) -> list[str]:
+        """Store up to 1000 messages with one request, together or not at all; -> their ids, in order, once the
+        broker has journaled them.  Each item is a message's data, or a dict ``{"data": ..., "priority": ...,
+        "delay_ms": ...}`` (``QueueMessageSpec``) for one with its own priority or delay; ``priority`` and
+        ``delay_ms`` here apply to the rest.  A full queue raises BrokerError ``queue_full`` (nothing stored; its
+        reply's ``room`` says how many would fit now)."""
+        items = [m.as_item() if isinstance(m, QueueMessageSpec) else {"data": m} for m in messages]
+        reply = await self.request("qpush", queue=queue, messages=items,
+                                   **_given(priority=priority, delay_ms=delay_ms))
+        return reply["ids"]
 
     async def qrecv(self, queue: str, max: int = 1, *, wait_ms: int = 0, visibility_ms: int | None = None,
                     release_on_close: bool = False) -> list[QueueMessage]:
@@ -302,9 +344,17 @@ class BlockingClient:
 
     @classmethod
     def connect(cls, host: str = "127.0.0.1", port: int = 8080, *, user: str | None = None,
-                password: str | None = None, timeout: float = 10.0) -> "BlockingClient":
+                password: str | None = None, timeout: float = 10.0, tls: ssl.SSLContext | None = None,
+                server_hostname: str | None = None) -> "BlockingClient":
+        """``tls`` and ``server_hostname``: as ``AsyncClient.connect``."""
         sock = socket.create_connection((host, port), timeout=timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if tls is not None:
+            try:
+                sock = tls.wrap_socket(sock, server_hostname=server_hostname or host)
+            except BaseException:
+                sock.close()
+                raise
         client = cls(sock)
         if user is not None:
             client.auth(user, password or "")

@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from workers.message import KIND_JSON  # noqa: E402
 from workers.workqueues.journal import Journal  # noqa: E402
-from workers.workqueues.model import Settings  # noqa: E402
+from workers.workqueues.model import D_RECEIPT, Settings  # noqa: E402
 from workers.workqueues.shard import Shard  # noqa: E402
 
 QUEUE = "jobs"
@@ -52,14 +52,15 @@ def _shard(path: str, n: int) -> Shard:
 async def build(path: str, n: int, size: int, batch: int, consumed: float) -> dict:
     """The journal: ``n`` pushes, then ``consumed`` of them leased and acked.  -> timings and counts."""
     shard = _shard(path, n)
-    data = b'"' + b"x" * max(0, size - 2) + b'"'     # a JSON string of ``size`` bytes, as NDJSON stores it
+    # a JSON string of ``size`` bytes, as NDJSON stores it; each message its own (as real ones are: the journal's
+    # encoding would write one shared bytes object only once per turn)
+    digits = max(1, size - 2)
     replies: list = []
     reply = replies.append
     handle = shard.handle
-    args = {"queue": QUEUE, "data": data, "kind": KIND_JSON}
     t0 = time.perf_counter()
     for i in range(1, n + 1):
-        handle("push", args, HOLDER, reply)
+        handle("push", {"queue": QUEUE, "data": b'"%0*d"' % (digits, i), "kind": KIND_JSON}, HOLDER, reply)
         if i % batch == 0:
             shard.commit()
             replies.clear()
@@ -71,7 +72,7 @@ async def build(path: str, n: int, size: int, batch: int, consumed: float) -> di
         handle("recv", {"queue": QUEUE, "max": min(100, todo - acked)}, HOLDER, reply)
         shard.commit()
         got = replies.pop()["messages"]
-        handle("ack", {"queue": QUEUE, "receipts": [m["receipt"] for m in got]}, HOLDER, reply)
+        handle("ack", {"queue": QUEUE, "receipts": [m[D_RECEIPT] for m in got]}, HOLDER, reply)
         shard.commit()
         replies.clear()
         acked += len(got)

@@ -12,6 +12,7 @@ import pytest
 
 from workers.workqueues import journal as jmod
 from workers.workqueues.journal import Journal
+from workers.workqueues.model import D_ID, D_RECEIPT, DATA, MS, SEQ, Settings
 
 RECORDS = [
     ("orders", ("push", 1, "aWQtMQ==", b"\x00hello\xff" * 3, 4, 1_700_000_000_000_000_000, 0, 0, "", "", 0)),
@@ -28,10 +29,11 @@ RECORDS = [
 
 
 def write(path, records, **kwargs):
+    """One commit per record: a file of single records (a turn's several records are one batch record)."""
     j = Journal(str(path), **kwargs)
     for queue, record in records:
         j.append(queue, record)
-    j.commit()
+        j.commit()
     j.close()
 
 
@@ -431,12 +433,41 @@ def test_close_commits_and_is_idempotent(tmp_path):
         j.commit()
 
 
-def test_unencodable_record_raises_in_append(tmp_path):
-    j = Journal(str(tmp_path / "j"))
-    with pytest.raises(ValueError):
-        j.append("q", ("push", object()))
+def test_an_unencodable_record_is_left_out_and_the_turn_written(tmp_path, caplog):
+    path = tmp_path / "j"
+    j = Journal(str(path))
+    j.append(*RECORDS[0])
+    j.append("q", ("push", object()))
+    j.append(*RECORDS[1])
+    j.commit()
     assert not j.dirty
     j.close()
+    assert replay(path) == RECORDS[:2]
+    assert "cannot be encoded" in caplog.text
+
+
+def test_a_turn_of_several_records_is_one_batch_record(tmp_path, caplog):
+    """Several records committed together are one body on disk, replayed as the records; torn, the whole turn
+    goes (none of its replies had been sent) and the turns before it stay."""
+    path = tmp_path / "j"
+    j = Journal(str(path))
+    j.append(*RECORDS[0])
+    j.commit()
+    single = os.path.getsize(path)
+    for queue, record in RECORDS[1:]:
+        j.append(queue, record)
+    j.commit()
+    j.close()
+    raw = path.read_bytes()
+    n, crc = struct.unpack_from("<II", raw, single)
+    assert single + 8 + n == len(raw)                               # one record for the nine
+    assert marshal.loads(raw[single + 8:]) == ("", ("batch", RECORDS[1:]))
+    assert replay(path) == RECORDS
+    with open(path, "r+b") as fh:
+        fh.truncate(len(raw) - 1)
+    with caplog.at_level(logging.WARNING):
+        assert replay(path) == RECORDS[:1]
+    assert os.path.getsize(path) == single
 
 
 def test_a_journal_from_another_boot_ends_leases_and_keeps_delays_by_the_wall_clock(tmp_path):
@@ -444,7 +475,6 @@ def test_a_journal_from_another_boot_ends_leases_and_keeps_delays_by_the_wall_cl
     import asyncio
     import time
 
-    from workers.workqueues.model import MS, Settings
     from workers.workqueues.shard import Shard
 
     path = str(tmp_path / "q.journal")
@@ -457,7 +487,7 @@ def test_a_journal_from_another_boot_ends_leases_and_keeps_delays_by_the_wall_cl
         now, wall = time.monotonic_ns(), time.time_ns()
         q.push(0, b"leased", 4, now, wall, 0)
         q.push(0, b"delayed", 4, now, wall, 60_000)          # due in a minute
-        lease = q.lease(now, wall, 3_600_000, None)          # an hour's lease
+        [lease] = q.lease(now, 1, 3_600_000, None)           # an hour's lease (one delivery: D_* tuple)
         journal.commit()
         # the same journal as if written on another boot of the machine
         journal.close()
@@ -471,13 +501,167 @@ def test_a_journal_from_another_boot_ends_leases_and_keeps_delays_by_the_wall_cl
         rewritten.close()
         fresh = Shard(0, Settings(), Journal(str(tmp_path / "other.journal")), lambda: None, 256)
         fresh.replay()
-        return fresh.queue("jobs"), lease.receipt
+        return fresh.queue("jobs"), lease[D_RECEIPT]
 
     q, receipt = asyncio.run(write_then_replay())
     assert q.in_flight == 0 and q.visible == 1 and q.delayed == 1
-    msg = next(m for m in q.messages.values() if m.data == b"leased")
-    assert msg.deliveries == 1                               # the lease ended, its delivery counted
-    delayed = next(m for m in q.messages.values() if m.data == b"delayed")
-    left_ms = (delayed.ready_at - time.monotonic_ns()) // MS
+    msg = next(m for m in q.messages.values() if m[DATA] == b"leased")
+    assert q.deliveries[msg[SEQ]] == 1                       # the lease ended, its delivery counted
+    assert q.state(msg[SEQ]) == "visible"
+    delayed = next(m for m in q.messages.values() if m[DATA] == b"delayed")
+    left_ms = (q.delay_at[delayed[SEQ]] - time.monotonic_ns()) // MS
     assert 50_000 < left_ms <= 60_000                        # still about a minute, by the wall clock
     assert receipt not in q.leases
+
+
+def _state(q, counters=True):
+    """What a queue holds, comparable across a replay (leases by receipt, without their holder; the counters
+    only where every record was replayed: a snapshot starts them again from what it holds)."""
+    return (dict(q.messages), list(q._ready.peek(10 ** 9)), dict(q.delay_at), dict(q.deliveries),
+            {r: lease[:4] for r, lease in q.leases.items()}, dict(q.leased), q.bytes, q.next_seq,
+            (q.pushed, q.delivered, q.redelivered, q.acked) if counters else ())
+
+
+def test_batch_records_replay_to_the_same_queue(tmp_path):
+    """``pushes``, ``leases`` and ``acks`` (one record per batch) rebuild the queue exactly, and so does the
+    snapshot a compaction writes."""
+    import asyncio
+    import time
+
+    from workers.workqueues.shard import Shard
+
+    path = str(tmp_path / "q.journal")
+
+    async def run():
+        shard = Shard(0, Settings(), Journal(path), lambda: None, 256)
+        shard.replay()
+        q = shard.queue("jobs")
+        now, wall = time.monotonic_ns(), time.time_ns()
+        q.push_many([(0, b"m%d" % i, i % 10, 60_000 if i % 7 == 0 else 0) for i in range(100)], now, wall,
+                    token=(1, 2, 3))
+        q.push(1, b"single", 4, now, wall, 0)
+        got = q.lease(now, 30, 30_000, None)
+        q.ack_many([d[D_RECEIPT] for d in got[:20]], now)
+        q.nack(got[20][D_RECEIPT], now, 0)
+        q.extend(got[21][D_RECEIPT], now, 90_000)
+        again = q.lease(now, 5, 30_000, None)                 # the nacked one comes back first: deliveries 2
+        assert again[0][D_ID] == got[20][D_ID] and again[0][4] == 2
+        shard.journal.commit()
+        live = _state(q)
+        assert len(q.tokens[(1, 2, 3)]) == 100              # a resent batch is known by its token
+        replayed = Shard(0, Settings(), Journal(path), lambda: None, 256)
+        replayed.replay()                                      # replays, then compacts (a snapshot)
+        assert _state(replayed.queue("jobs")) == live
+        again_replayed = Shard(0, Settings(), Journal(path), lambda: None, 256)
+        again_replayed.replay()                                # from the snapshot this time
+        assert _state(again_replayed.queue("jobs"), counters=False) == live[:-1] + ((),)
+        # live receipts still work after both (what ended leases became is not in a snapshot: unknown now)
+        assert replayed.queue("jobs").ack_many([got[0][D_RECEIPT]], now) == [{"ok": True, "already_acked": True}]
+        q2 = again_replayed.queue("jobs")
+        assert q2.ack_many([got[22][D_RECEIPT], got[0][D_RECEIPT]], now) == [
+            {"ok": True}, {"ok": False, "error": "unknown_receipt"}]
+
+    asyncio.run(run())
+
+
+def test_records_of_older_journals_still_replay(tmp_path):
+    """Journals written before receipts were kept as text (16-byte receipts in ``lease``, ``ack``, ``deadline``,
+    ``requeue``) replay into the same queue."""
+    import asyncio
+
+    from workers.workqueues.model import receipt_text
+    from workers.workqueues.shard import Shard
+
+    path = str(tmp_path / "old.journal")
+    r1, r2, r3 = b"\x01" * 16, b"\x02" * 16, b"\x03" * 16
+    records = [("jobs", ("push", seq, f"id{seq}", 0, b"d%d" % seq, 4, 1_700_000_000_000_000_000, 0, 0, "", "", 0,
+                         None)) for seq in (1, 2, 3, 4)]
+    far = 2 ** 62
+    records += [
+        ("jobs", ("lease", 1, r1, 1, far, 30_000, 1_700_000_000_000_000_001)),
+        ("jobs", ("lease", 2, r2, 1, far, 30_000, 1_700_000_000_000_000_001)),
+        ("jobs", ("lease", 3, r3, 1, far, 30_000, 1_700_000_000_000_000_001)),
+        ("jobs", ("ack", r1)),
+        ("jobs", ("deadline", r2, far - 1)),
+        ("jobs", ("requeue", r3, 0)),
+    ]
+    write(tmp_path / "old.journal", records)
+
+    async def run():
+        shard = Shard(0, Settings(), Journal(path), lambda: None, 256)
+        assert shard.replay() == len(records)
+        return shard.queue("jobs")
+
+    q = asyncio.run(run())
+    assert sorted(q.messages) == [2, 3, 4]
+    assert list(q.leases) == [receipt_text(r2)] and q.leases[receipt_text(r2)][2] == far - 1
+    assert q.state(3) == "visible" and q.deliveries[3] == 1 and q.visible == 2
+    assert q._recent[receipt_text(r1)][0] == "acked" and q._recent[receipt_text(r3)][0] == "lost"
+
+
+def test_ready_order_matches_a_heap_of_priority_and_seq():
+    """The visible messages' structure (FIFOs per priority, a heap for what comes back out of order) serves in the
+    order of one heap of (-priority, seq), through random adds, batch pops and removals."""
+    import heapq
+    import random
+
+    from workers.workqueues.model import _Ready
+
+    rng = random.Random(11)
+    ready, ref = _Ready(), []
+    seq = 0
+    for _ in range(20_000):
+        r = rng.random()
+        if r < 0.5:
+            seq += 1
+            p = rng.choice((4, 4, 4, 9, 0, rng.randrange(10)))
+            ready.add(seq, p)
+            heapq.heappush(ref, (-p, seq))
+        elif r < 0.6 and seq:
+            old = rng.randrange(1, seq + 1)      # something coming back (or a double: skipped)
+            p = rng.randrange(10)
+            if (-p, old) not in ref and all(s != old for _, s in ref):
+                ready.add(old, p)
+                heapq.heappush(ref, (-p, old))
+        elif r < 0.65 and ref:
+            entry = rng.choice(ref)
+            ready.remove(entry[1], -entry[0])
+            ref.remove(entry)
+            heapq.heapify(ref)
+        else:
+            n = rng.randrange(1, 50)
+            got = ready.pop_many(min(n, len(ready)))
+            want = [heapq.heappop(ref)[1] for _ in range(min(n, len(ref)))]
+            assert got == want
+        assert len(ready) == len(ref)
+        if rng.random() < 0.01:
+            assert ready.peek(30) == [s for _, s in heapq.nsmallest(30, ref)]
+    assert sorted(ready.seqs()) == sorted(s for _, s in ref)
+
+
+def test_receipt_and_id_pools():
+    """Receipts: 16 bytes from the CSPRNG with no ``;`` or NUL, canonical text, never repeated (also across a
+    pool refill); a forked child draws its own."""
+    import base64
+
+    from workers.workqueues import model
+
+    seen = set()
+    for n in (1, 1, 300, 7, 1000, 1):
+        for text in model.new_receipts(n):
+            raw = base64.urlsafe_b64decode(text + "==")
+            assert len(text) == 22 and len(raw) == 16 and b";" not in raw and b"\0" not in raw
+            assert model.receipt_text(raw) == text
+            seen.add(text)
+    assert len(seen) == 1 + 1 + 300 + 7 + 1000 + 1
+    ids = model.new_ids(500) + [model.new_id() for _ in range(300)]
+    assert len(set(ids)) == 800 and all(len(i) == 16 for i in ids)
+    model.new_receipts(1)                        # the pool holds receipts now
+    assert model._receipt_pool
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(w, b"1" if not model._receipt_pool and not model._id_pool else b"0")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(r, 1) == b"1"

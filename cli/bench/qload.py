@@ -6,7 +6,8 @@ Driven by a ``loadgen`` process (ops ``qconnect``, ``qrun``, ``close``), over th
   queue's owner (``info`` tells a connection's worker; the acceptor gives a new connection to the least-loaded
   worker, so connections that land elsewhere are kept open until the placement is done, then closed);
 - ``qrun``: producers push pre-encoded frames with up to ``window`` pushes unanswered (or, at a fixed ``rate``,
-  each stamped with its intended send time), until the duration is over and every push is answered; consumers keep
+  each stamped with its intended send time; or, with ``push_batch`` > 1, as batch pushes of that many messages
+  where the protocol has them), until the duration is over and every push is answered; consumers keep
   one receive outstanding (``batch`` messages at most, long-polling ``wait_ms``) and answer each batch with one
   ack of all its handles, sent with the next receive, until no message came for a while after the duration.
   Everything the protocol's requests are answered with is counted, and the ids of what was pushed, received and
@@ -84,16 +85,19 @@ class QueueLoad:
     # -- run ------------------------------------------------------------------------------------------------
     def run(self, queue: str, size: int, start: float, duration: float, rate: float | None = None,
             window: int = 1000, batch: int = 100, wait_ms: int = 1000, count: int | None = None,
-            drain: bool = False) -> dict:
+            drain: bool = False, push_batch: int = 1) -> dict:
         """Push for ``duration`` (at most ``count`` per producer); with ``drain``, consumers start only then, and
-        empty the queue the producers filled."""
+        empty the queue the producers filled.  ``push_batch``: messages per push request (batch producers)."""
         wire = self.wire
         # Paced: select(2), whose timeout is in microseconds (epoll's is in milliseconds), so that each message
         # leaves when it is due rather than up to a millisecond late (a handful of sockets: select is cheap).
         sel = selectors.SelectSelector() if rate is not None else selectors.DefaultSelector()
         end = start + duration
-        frame = wire.push(queue, payload(size))
-        block = frame * window
+        per_frame = max(1, push_batch)   # messages per frame (a batch push, or pipelined pushes)
+        frame, replies_per_frame = wire.push_many(queue, payload(size), per_frame) if per_frame > 1 \
+            else (wire.push(queue, payload(size)), 1)
+        reply_batch = per_frame // replies_per_frame   # messages a refusal refuses
+        block = frame * (window // per_frame)
         flen = len(frame)
         stamped = wire.stamped(queue, size) if rate is not None else None
         total = int(duration * rate) if rate is not None else 0
@@ -156,9 +160,13 @@ class QueueLoad:
                     room = window - (st["sent"] - len(st["ids"]) - st["refused"])
                     if count is not None:
                         room = min(room, count - st["sent"])
-                    if room > 0:
+                    frames = room // per_frame
+                    if frames > 0:
+                        st["sent"] += frames * per_frame
+                        write(st, block[:frames * flen])
+                    elif count is not None and 0 < room == count - st["sent"]:   # the last, short batch
                         st["sent"] += room
-                        write(st, block[:room * flen] if room < window else block)
+                        write(st, wire.push_many(queue, payload(size), room)[0])
                 else:
                     due = min(total, int((now - start) * rate) + 1)
                     if due > st["sent"]:
@@ -198,7 +206,7 @@ class QueueLoad:
                 if not data:
                     raise ConnectionError(f"the server closed a {st['kind']} connection")
                 if st["kind"] == "prod":
-                    ids, refused, first, st["buf"] = wire.push_replies(st["buf"] + data)
+                    ids, refused, first, st["buf"] = wire.push_replies(st["buf"] + data, reply_batch)
                     if ids or refused:
                         st["ids"].extend(ids)
                         st["refused"] += refused

@@ -5,10 +5,11 @@ of the machine (thermal, other load) falls on all of them alike; the report take
 ratio to nats-server measured in the same run.  The load comes from a pool of generator processes
 (``loadgen``), reused across runs.
 
-The work-queue scenarios (``qpush``, ``qwork1``, ``qwork8``, ``qdrain1``, ``qdrain8``, ``qlatency``; ``qload``) run on
-the targets that have queues: this broker over NDJSON, the same broker with its queue journal off (a second
-instance, started only for them), and Redis Streams with a consumer group.  Each run uses a fresh queue, checks afterwards that every acknowledged push
-was stored (``qpush``) or acked exactly once (the others), and removes the queue.
+The work-queue scenarios (``qpush``, ``qwork1``, ``qwork8``, ``qdrain1``, ``qdrain8``, ``qlatency``, and with batch
+producers ``qpushb``, ``qwork1b``, ``qwork8b``; ``qload``) run on the targets that have queues: this broker over
+NDJSON, the same broker with its queue journal off (a second instance, started only for them), and Redis Streams
+with a consumer group.  Each run uses a fresh queue, checks afterwards that every acknowledged push was stored
+(``qpush``) or acked exactly once (the others), and removes the queue.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class Scenario:
     batch: int = 100        # messages per receive at most (each batch is acked with one request)
     wait_ms: int = 1000     # a receive's long poll
     drain: bool = False     # consumers start once the producer is done (count: pushes at most): receive+ack alone
+    push_batch: int = 1     # messages per push request (this broker's batch qpush; Redis: that many XADDs)
 
 
 def scenarios(nn: int, wide: int, rate: float, connections: int, qrate: float = QUEUE_RATE) -> dict[str, Scenario]:
@@ -97,6 +99,14 @@ def scenarios(nn: int, wide: int, rate: float, connections: int, qrate: float = 
                  producer_at="owner", consumer_at="other", drain=True),
         Scenario("qlatency", f"queue latency at {qrate:,.0f} msg/s", "latency", 1, 1, rate=qrate, queue=True,
                  producer_at="owner", consumer_at="other"),
+        # Batch producers: each push request carries 100 messages (Redis has no batch XADD: its producer
+        # pipelines XADDs as in the others, which is how Redis batches).
+        Scenario("qpushb", "queue push, 1 producer, batches of 100", "throughput", 1, 0, queue=True,
+                 producer_at="owner", push_batch=100),
+        Scenario("qwork1b", "queue batch push→recv+ack 1→1", "throughput", 1, 1, queue=True, producer_at="owner",
+                 consumer_at="other", push_batch=100, goals=(("shardbroker/ndjson", "redis", 1.0),)),
+        Scenario("qwork8b", "queue batch push→recv+ack 1→8", "throughput", 1, 8, queue=True, producer_at="owner",
+                 consumer_at="other", push_batch=100, goals=(("shardbroker/ndjson", "redis", 1.0),)),
     ]}
 
 
@@ -311,7 +321,7 @@ class Bench:
             replies = _ask(plan, lambda gid, p, s: {
                 "op": "qrun", "queue": queue, "size": self.opts.payload, "start": start,
                 "duration": self.opts.duration, "rate": sc.rate, "window": sc.window, "batch": sc.batch,
-                "wait_ms": sc.wait_ms, "count": sc.count, "drain": sc.drain})
+                "wait_ms": sc.wait_ms, "count": sc.count, "drain": sc.drain, "push_batch": sc.push_batch})
             _ask(plan, lambda gid, p, s: {"op": "close"})
             left = ctl.remaining(queue)
             ctl.cleanup(queue)

@@ -6,6 +6,7 @@ docs/queues.md."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import os
 from typing import TYPE_CHECKING
@@ -20,6 +21,15 @@ if TYPE_CHECKING:
     from workers.hub import Hub
 
 log = logging.getLogger("broker.queues")
+
+# The collector's first threshold in a worker (CPython's default: 700).  A queue request leaves a few short-lived
+# containers (the request, its arguments, its reply) alive until the end of the turn that answers it, and a turn
+# answers up to a hundred or more: at 700 the young generation is collected several times per turn and every
+# survivor is walked again in the next generation.  At 2,000 single pushes cost ~15 % less and the collector
+# ~4 times less in all (scripts/queue_hotpath.py --gc-threshold: 211 -> 58 ms per 200,000 pushes and their
+# receive+ack), with a young collection's median pause 0.13 ms (10,000 saves no more, and its pauses are ~2 ms).
+# Queued messages themselves are untracked tuples (``model``), never walked.
+GC_THRESHOLD = 2_000
 
 
 def settings(config: "Config") -> tuple[Settings, dict[str, Settings]]:
@@ -87,4 +97,9 @@ def start(index: int, config: "Config", runtime_dir: str, hub: "Hub") -> QueueSe
     for name in configured:   # configured queues exist from the start, at their owners
         if service.owner(name) == index:
             shard.queue(name)
+    # What exists now (modules, configuration, the replayed queues) lives as long as the worker: out of the
+    # collector's way for good.
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])
     return service

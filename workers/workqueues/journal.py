@@ -9,14 +9,18 @@ Format.  The file is a plain sequence of records, nothing before or between them
     body = marshal.dumps((queue_name, record), 4)      crc = zlib.crc32(body)
 
 A record is the tuple a ``Queue`` applies (``model.Queue.apply``): str, int, bytes, None, list and tuple values.
+A turn's records are written as one body when there are several: ``("", ("batch", [(queue_name, record), ...]))``,
+which ``replay`` yields as the records it holds (one marshal call and one CRC for a turn, not one per record:
+half the journal's cost per single push; and a turn is in the file whole or not at all).
 
-Group commit.  ``append`` only encodes into a memory buffer; the shard's event loop calls ``commit`` once per
-turn, BEFORE that turn's replies are sent, and ``commit`` writes everything buffered with one ``os.write``.  So a
-reply is only ever sent for a change already in the file (in the kernel's page cache: it survives the process,
-whatever kills it).  Surviving a crash of the machine is the ``fsync`` policy: ``"no"`` leaves it to the kernel,
-``"everysec"`` fsyncs at most once a second (from ``commit``, or from ``tick`` which the owner calls every
-second; at most about a second of acknowledged changes is lost with the machine), ``"always"`` fsyncs in every
-commit.  A commit that fails (ENOSPC, EIO) cuts the file back to where it was and keeps its records buffered, so
+Group commit.  ``append`` only buffers the record; the shard's event loop calls ``commit`` once per turn, BEFORE
+that turn's replies are sent, and ``commit`` encodes everything buffered and writes it with one ``os.write``.  So
+a reply is only ever sent for a change already in the file (in the kernel's page cache: it survives the process,
+whatever kills it).  A record that cannot be encoded (a bug: the queues make none) is logged and left out, and
+the rest of the turn is written.  Surviving a crash of the machine is the ``fsync`` policy: ``"no"`` leaves it to
+the kernel, ``"everysec"`` fsyncs at most once a second (from ``commit``, or from ``tick`` which the owner calls
+every second; at most about a second of acknowledged changes is lost with the machine), ``"always"`` fsyncs in
+every commit.  A commit that fails (ENOSPC, EIO) cuts the file back to where it was and keeps its records buffered, so
 the file always ends on a record boundary and the next commit retries them.
 
 Why marshal.  It is the fastest (de)serializer in the standard library for exactly these types, several times
@@ -32,13 +36,14 @@ byte offset and truncates the file there, so records appended afterwards follow 
 cleanly.  Anything after a corrupt record is dropped with it (records depend on the ones before them, so a queue
 cannot be rebuilt from a journal with a hole in it).
 
-Compaction.  ``rewrite`` writes the live state as a fresh set of records to ``<path>.tmp``, fsyncs it, and
-renames it over the journal (``os.replace``: atomic, a crash leaves either the old journal or the new one), then
-appends to the new file.
+Compaction.  ``rewrite`` writes the live state as a fresh set of records (in batch records of up to 1,024) to
+``<path>.tmp``, fsyncs it, and renames it over the journal (``os.replace``: atomic, a crash leaves either the old
+journal or the new one), then appends to the new file.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import marshal
 import os
@@ -60,6 +65,7 @@ _dumps = marshal.dumps
 _loads = marshal.loads
 _crc32 = zlib.crc32
 _CHUNK = 1 << 20                     # replay reads, rewrite writes, this much at a time
+_REWRITE_BATCH = 1024                # records per batch record in a rewrite (compaction)
 # Indirections the tests replace (partial writes, failing disks, a fake clock).
 _write = os.write
 _sync = getattr(os, "fdatasync", os.fsync)
@@ -90,7 +96,8 @@ class Journal:
         self.path = path
         self.fsync = fsync
         self._enabled = path is not None
-        self._buf: list[bytes] = []
+        self._pending: list[tuple[str, tuple]] = []   # appended, not yet encoded
+        self._buf: list[bytes] = []                   # encoded, not yet written (a failed write's, to retry)
         self._fd: int | None = None
         self._size = 0
         self._synced_at = float("-inf")   # monotonic s of the last fsync: the first everysec commit syncs
@@ -101,18 +108,47 @@ class Journal:
 
     # -- writing ------------------------------------------------------------------------------------------------
     def append(self, queue: str, record: tuple) -> None:
-        """Buffer one record (encoded now: an unencodable value raises here, before anything is buffered)."""
+        """Buffer one record, for the next ``commit``."""
         if self._enabled:
-            body = _dumps((queue, record), MARSHAL_VERSION)
-            self._buf.append(_pack_header(len(body), _crc32(body)) + body)
+            self._pending.append((queue, record))
 
     @property
     def dirty(self) -> bool:
         """Records are buffered, not yet written."""
-        return bool(self._buf)
+        return bool(self._pending or self._buf)
+
+    def _encode(self, pending: list, strict: bool = False) -> bytes:
+        """A turn's records as they go to the file: one record as itself, several as one batch record.  ``strict``:
+        an unencodable record raises ValueError (a rewrite must not leave anything out)."""
+        if strict:
+            if len(pending) == 1:
+                return encode(*pending[0])
+            body = _dumps(("", ("batch", pending)), MARSHAL_VERSION)
+            return _pack_header(len(body), _crc32(body)) + body
+        try:
+            if len(pending) == 1:
+                return encode(*pending[0])
+            body = _dumps(("", ("batch", pending)), MARSHAL_VERSION)
+            return _pack_header(len(body), _crc32(body)) + body
+        except ValueError:
+            good = []
+            for queue, record in pending:
+                try:
+                    _dumps(record, MARSHAL_VERSION)
+                except ValueError as exc:
+                    log.error("journal %s: record %r of queue %r cannot be encoded (%s); left out",
+                              self.path, record[:2], queue, exc)
+                    continue
+                good.append((queue, record))
+            return self._encode(good) if good else b""
 
     def commit(self) -> None:
         """Write every buffered record with one write; fsync as the policy says."""
+        if self._pending:
+            pending, self._pending = self._pending, []
+            encoded = self._encode(pending)
+            if encoded:
+                self._buf.append(encoded)
         buf = self._buf
         if not buf:
             return
@@ -198,7 +234,10 @@ class Journal:
             except (EOFError, ValueError, TypeError) as exc:
                 reason = f"undecodable record ({exc})"
                 break
-            yield queue, record
+            if not queue and record[0] == "batch":
+                yield from record[1]
+            else:
+                yield queue, record
             pos = start + n
             offset = stop
         if reason:
@@ -215,7 +254,7 @@ class Journal:
         on appending to it.  Only right after ``commit``: buffered records would be neither here nor there."""
         if not self._enabled:
             return
-        if self._buf:
+        if self._buf or self._pending:
             raise AssertionError("journal rewrite with uncommitted records: commit first")
         if self._fd is None:
             raise ValueError("journal is closed")
@@ -227,11 +266,18 @@ class Journal:
         try:
             chunk: list[bytes] = []
             pending = 0
-            for queue, record in items:
-                body = _dumps((queue, record), MARSHAL_VERSION)
-                chunk.append(_pack_header(len(body), _crc32(body)))
-                chunk.append(body)
-                pending += _HEADER_SIZE + len(body)
+            batch: list[tuple[str, tuple]] = []
+            for item in itertools.chain(items, (None,)):
+                if item is not None:
+                    batch.append(item)
+                    if len(batch) < _REWRITE_BATCH:
+                        continue
+                if not batch:
+                    continue
+                data = self._encode(batch, strict=True)   # batch records of up to _REWRITE_BATCH
+                batch = []
+                chunk.append(data)
+                pending += len(data)
                 if pending >= _CHUNK:
                     _write_all(fd, b"".join(chunk))
                     size += pending

@@ -6,19 +6,30 @@ every call, keeps one timer for all its queues, journals every change, and answe
 calls the same methods with the recorded values, so a queue rebuilt after a crash is the queue that was.
 
 Decisions (``docs/queues.md`` has them for users; ``shared/reference/work-queues.md`` §4 the reasons):
-- Every lease has a fresh receipt (16 random bytes).  Only the current receipt of a message may ack, extend, nack
-  or dead-letter it; an earlier one gets ``lease_lost``, a repeated ack ``already_acked``, a receipt of a purged
-  lease ``purged``, and one never issued (or long forgotten) ``unknown_receipt``.
+- Every lease has a fresh receipt (16 random bytes from the OS's CSPRNG, text form base64url).  Only the current
+  receipt of a message may ack, extend, nack or dead-letter it; an earlier one gets ``lease_lost``, a repeated ack
+  ``already_acked``, a receipt of a purged lease ``purged``, and one never issued (or long forgotten)
+  ``unknown_receipt``.
 - Visible messages are served by priority (9 first), then by sequence number, so a redelivered message goes back
   near the head, where it was, not behind everything pushed since.
 - ``max_deliveries = N`` means at most N leases: when the N-th ends without an ack (expiry, nack), the message
   goes to ``<queue>.dlq`` with its id, enqueue time and delivery count, never dropped.
 - Counts are exact, and bounds are checked before anything changes: a full queue rejects, it never trims.
+
+Representation.  A queue may hold a million messages, so what it keeps per message is chosen for the cost per
+message and for the garbage collector: a message is a tuple of atomic values (``SEQ`` … ``REDRIVEN``), which the
+collector stops tracking at its first pass and never walks again (a message object per message, with its heap
+entry, made every full collection walk millions of objects: 0.4 s with a million queued).  What changes during a
+message's life is in flat maps by sequence number: ``deliveries``, ``leased`` (seq -> receipt), ``delay_at``
+(seq -> due time); the visible messages are FIFOs of ints per priority (``_Ready``), and a lease is a tuple
+``(seq, granted, deadline, visibility_ms, holder)`` under its receipt's text.  Receives and acks of many messages
+are one journal record each (``leases``, ``acks``), as are batch pushes (``pushes``).
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import collections
 import heapq
 import os
@@ -30,6 +41,121 @@ MAX_PRIORITY = 9
 DLQ_SUFFIX = ".dlq"
 _RECENT_RECEIPTS = 100_000      # per queue: what an old receipt became (acked, lost, purged), the newest kept
 _RECENT_TOKENS = 100_000        # per queue: pushes already stored, by their sender's token (resends after a crash)
+
+# A message: (seq, id, kind, data, priority, enqueued_at, dead_reason, source, redriven).
+SEQ, ID, KIND, DATA, PRIORITY, ENQUEUED, REASON, SOURCE, REDRIVEN = range(9)
+# A lease: (seq, granted, deadline, visibility_ms, holder) under its receipt (text).
+L_SEQ, L_GRANTED, L_DEADLINE, L_VISIBILITY, L_HOLDER = range(5)
+# A delivery, what a receive hands the protocol: (id, receipt, kind, data, deliveries, priority, enqueued_at_ms,
+# dead_reason, source).  Plain tuples: they cross between workers with marshal, and nothing is built per field.
+D_ID, D_RECEIPT, D_KIND, D_DATA, D_DELIVERIES, D_PRIORITY, D_ENQUEUED, D_REASON, D_SOURCE = range(9)
+
+_LIMBO = -1                      # delay_at of a journal snapshot's leased message until its lease record
+
+
+class _Ready:
+    """The visible messages' sequence numbers in serving order: priority 9 first, then by sequence number.
+
+    Per priority, a FIFO of the sequence numbers that arrived in increasing order (new pushes: nearly all of them;
+    taking from it is O(1), where a heap of a million entries cost half a microsecond a message), and a heap of
+    those that did not (a message coming back after a lease or a delay keeps its place near the head).  The next
+    message of a priority is the smaller of the two heads."""
+
+    __slots__ = ("fifo", "back", "count", "top")
+
+    def __init__(self) -> None:
+        self.fifo = [collections.deque() for _ in range(MAX_PRIORITY + 1)]
+        self.back: list[list[int]] = [[] for _ in range(MAX_PRIORITY + 1)]
+        self.count = 0
+        self.top = -1            # no priority above this one has messages
+
+    def __len__(self) -> int:
+        return self.count
+
+    def add(self, seq: int, priority: int) -> None:
+        fifo = self.fifo[priority]
+        if not fifo or seq > fifo[-1]:
+            fifo.append(seq)
+        else:
+            heapq.heappush(self.back[priority], seq)
+        self.count += 1
+        if priority > self.top:
+            self.top = priority
+
+    def pop_many(self, n: int) -> list[int]:
+        """The next ``n`` (at most ``count``) in serving order, taken out."""
+        out: list[int] = []
+        p = self.top
+        while len(out) < n:
+            fifo, back = self.fifo[p], self.back[p]
+            if not fifo and not back:
+                p -= 1
+                continue
+            want = n - len(out)
+            if not back:
+                if want >= len(fifo):
+                    out.extend(fifo)
+                    fifo.clear()
+                else:
+                    popleft = fifo.popleft
+                    out.extend([popleft() for _ in range(want)])
+                continue
+            while want and (fifo or back):
+                if back and (not fifo or back[0] < fifo[0]):
+                    out.append(heapq.heappop(back))
+                else:
+                    out.append(fifo.popleft())
+                want -= 1
+        while p >= 0 and not self.fifo[p] and not self.back[p]:
+            p -= 1
+        self.top = p
+        self.count -= len(out)
+        return out
+
+    def remove(self, seq: int, priority: int) -> None:
+        """Take one message out, wherever it is (replay, dead-lettering: rare; the head is O(1))."""
+        fifo, back = self.fifo[priority], self.back[priority]
+        if fifo and fifo[0] == seq:
+            fifo.popleft()
+        elif back and back[0] == seq:
+            heapq.heappop(back)
+        else:
+            try:
+                fifo.remove(seq)
+            except ValueError:
+                back.remove(seq)
+                heapq.heapify(back)
+        self.count -= 1
+
+    def discard(self, taken: set) -> None:
+        """Take these out (a redrive)."""
+        for p in range(MAX_PRIORITY + 1):
+            self.fifo[p] = collections.deque(seq for seq in self.fifo[p] if seq not in taken)
+            self.back[p] = [seq for seq in self.back[p] if seq not in taken]
+            heapq.heapify(self.back[p])
+        self.count = sum(len(f) + len(b) for f, b in zip(self.fifo, self.back))
+
+    def peek(self, limit: int) -> list[int]:
+        """The first ``limit`` in serving order, left where they are."""
+        out: list[int] = []
+        for p in range(MAX_PRIORITY, -1, -1):
+            for seq in heapq.merge(self.fifo[p], sorted(self.back[p])):
+                if len(out) >= limit:
+                    return out
+                out.append(seq)
+        return out
+
+    def seqs(self):
+        for fifo, back in zip(self.fifo, self.back):
+            yield from fifo
+            yield from back
+
+    def clear(self) -> None:
+        for fifo, back in zip(self.fifo, self.back):
+            fifo.clear()
+            back.clear()
+        self.count = 0
+        self.top = -1
 
 
 class QueueError(Exception):
@@ -55,6 +181,25 @@ class Settings:
     max_bytes: int = 256 << 20
 
 
+# -- receipts and ids --------------------------------------------------------------------------------------------
+_URLSAFE = bytes.maketrans(b"+/", b"-_")
+_b2a = binascii.b2a_base64
+_urandom = os.urandom
+_receipt_pool: list[str] = []
+_id_pool: list[str] = []
+_POOL = 256                     # receipts (ids) drawn from the OS at once when the pool runs dry
+
+
+def _forget_pools() -> None:
+    """A forked child must not hand out the receipts (ids) its parent drew: it draws its own."""
+    _receipt_pool.clear()
+    _id_pool.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pools)
+
+
 def receipt_text(receipt: bytes) -> str:
     return base64.urlsafe_b64encode(receipt).rstrip(b"=").decode()
 
@@ -70,57 +215,79 @@ def receipt_bytes(text: object) -> bytes | None:
     return raw if len(raw) == 16 else None
 
 
-def new_receipt() -> bytes:
-    """16 random bytes with no ``;`` and no NUL: qlite's wire carries a receipt raw, and clients that split its
-    replies on ``;`` or hash it as a C string would break on those (more than 127 bits of entropy remain)."""
-    while True:
-        receipt = os.urandom(16)
-        if b";" not in receipt and b"\0" not in receipt:
-            return receipt
+def canonical_receipt(text: object) -> str | None:
+    """The text under which the receipt ``text`` names a lease (its canonical base64url), or None if it is not a
+    receipt at all (``invalid_receipt``)."""
+    raw = receipt_bytes(text)
+    return None if raw is None else receipt_text(raw)
+
+
+def _draw_receipts(n: int) -> list[str]:
+    """``n`` fresh receipts' texts.  16 bytes each from ``os.urandom`` with no ``;`` and no NUL (qlite's wire carries
+    a receipt raw, and clients that split its replies on ``;`` or hash it as a C string would break on those):
+    those two byte values are dropped from the random stream, which leaves every other byte value equally likely
+    and independent, 254^16 receipts (more than 127 bits).  One ``urandom`` and one base64 pass for all ``n``."""
+    need = 16 * n
+    raw = b""
+    while len(raw) < need:
+        raw += _urandom(need - len(raw) + 16 + (need >> 6)).translate(None, b";\0")
+    # 16 bytes and 2 zero bytes make 24 base64 characters, whose first 22 are the 16 bytes' own encoding
+    padded = b"\0\0".join([raw[i:i + 16] for i in range(0, need, 16)]) + b"\0\0"
+    text = _b2a(padded, newline=False).translate(_URLSAFE).decode()
+    return [text[i:i + 22] for i in range(0, 24 * n, 24)]
+
+
+def new_receipts(n: int) -> list[str]:
+    """``n`` fresh receipts (text), from a pool refilled ``_POOL`` at a time: a receive of one message costs no
+    system call of its own."""
+    pool = _receipt_pool
+    if len(pool) < n:
+        pool.extend(_draw_receipts(max(n - len(pool), _POOL)))
+    out = pool[-n:]
+    del pool[-n:]
+    return out
+
+
+def new_receipt() -> str:
+    return new_receipts(1)[0]
+
+
+def new_ids(n: int) -> list[str]:
+    """``n`` message ids: 12 random bytes each, base64url (16 characters)."""
+    pool = _id_pool
+    if len(pool) < n:
+        k = max(n - len(pool), _POOL)
+        text = base64.urlsafe_b64encode(_urandom(12 * k)).decode()
+        pool.extend([text[i:i + 16] for i in range(0, 16 * k, 16)])
+    out = pool[-n:]
+    del pool[-n:]
+    return out
 
 
 def new_id() -> str:
-    return base64.urlsafe_b64encode(os.urandom(12)).decode()
+    pool = _id_pool
+    if not pool:
+        new_ids(1)
+        pool = _id_pool
+    return pool.pop()
 
 
-class Message:
-    __slots__ = ("seq", "id", "kind", "data", "priority", "enqueued_at", "deliveries", "ready_at", "lease",
-                 "first_received", "dead_reason", "source", "redriven")
-
-    def __init__(self, seq: int, msg_id: str, kind: int, data: bytes, priority: int, enqueued_at: int,
-                 ready_at: int) -> None:
-        self.seq = seq
-        self.id = msg_id
-        self.kind = kind                 # workers.message.KIND_*: how the producer's protocol encoded ``data``
-        self.data = data
-        self.priority = priority
-        self.enqueued_at = enqueued_at   # wall clock, ns: reported only
-        self.deliveries = 0
-        self.ready_at = ready_at         # monotonic ns; 0: visible (or leased)
-        self.lease: Lease | None = None
-        self.first_received = 0          # wall clock ns of the first lease
-        self.dead_reason = ""
-        self.source = ""
-        self.redriven = 0
+def _text(receipt: object) -> str:
+    """A receipt as kept: its text (journals written before receipts were kept as text hold the 16 bytes)."""
+    return receipt if type(receipt) is str else receipt_text(receipt)  # type: ignore[arg-type]
 
 
-class Lease:
-    __slots__ = ("receipt", "message", "granted", "deadline", "visibility", "holder")
-
-    def __init__(self, receipt: bytes, message: Message, granted: int, deadline: int, visibility: int,
-                 holder: tuple | None) -> None:
-        self.receipt = receipt
-        self.message = message
-        self.granted = granted          # monotonic ns
-        self.deadline = deadline        # monotonic ns
-        self.visibility = visibility    # ms, what touch() renews by
-        self.holder = holder            # (worker, cid) to release on that connection's close, or None
+_ACKED = {"ok": True}                               # shared: many of them in one reply cost one (marshal's refs)
+_ALREADY_ACKED = {"ok": True, "already_acked": True}
+_PURGED = {"ok": True, "purged": True}
 
 
 class Queue:
-    """One queue.  Every change is a record (a tuple, first item its kind) passed to ``_do``: applied here and
-    handed to ``journal`` (the shard's), so replaying the records rebuilds the queue exactly (``apply``).
-    Decisions (which message, dead-letter or not) are made before the record, never while applying it."""
+    """One queue.  Every change is a record (a tuple, first item its kind): applied here and handed to ``journal``
+    (the shard's), so replaying the records rebuilds the queue exactly (``apply``).  Decisions (which message,
+    dead-letter or not) are made before the record, never while applying it.  The busiest records (``push``,
+    ``pushes``, ``leases``, ``acks``) are applied by the live path directly (the same helpers as ``apply``, minus
+    finding what the live path has in hand) and then journaled."""
 
     def __init__(self, name: str, settings: Settings, schedule: Callable[[int, "Queue"], None],
                  journal: Callable[[str, tuple], None]) -> None:
@@ -128,16 +295,20 @@ class Queue:
         self.settings = settings
         self._schedule = schedule        # (monotonic ns, queue): look at this queue again then (the shard's timer)
         self._journal = journal          # (queue name, record)
-        self.messages: dict[int, Message] = {}       # every live message (visible, delayed, leased) by seq
-        self._ready: list[tuple[int, int, Message]] = []     # (-priority, seq, message)
-        self._delayed: list[tuple[int, int, Message]] = []   # (ready_at, seq, message); stale entries skipped
-        self.leases: dict[bytes, Lease] = {}
-        self._deadlines: list[tuple[int, bytes]] = []        # (deadline, receipt); stale entries skipped
-        # receipt -> (what became of it, the message's seq, its deliveries then): no Message kept, so an acked
+        self.due_at = 0                  # the earliest time the shard was asked to look here (0: nothing pending)
+        self.messages: dict[int, tuple] = {}         # every live message (visible, delayed, leased) by seq
+        self._ready = _Ready()                       # visible messages' seqs, in serving order
+        self._delayed: list[tuple[int, int]] = []    # (ready_at, seq); stale entries skipped
+        self.delay_at: dict[int, int] = {}           # seq -> when a delayed message becomes visible
+        self.deliveries: dict[int, int] = {}         # seq -> leases so far (absent: none)
+        self.leases: dict[str, tuple] = {}           # receipt -> (seq, granted, deadline, visibility_ms, holder)
+        self.leased: dict[int, str] = {}             # seq -> the receipt of its lease
+        self._deadlines: list[tuple[int, tuple]] = []    # (deadline, receipts); stale entries skipped
+        # receipt -> (what became of it, the message's seq, its deliveries then): no message kept, so an acked
         # message's data is freed at once
-        self._recent: collections.OrderedDict[bytes, tuple[str, int, int]] = collections.OrderedDict()
-        self.dead: list[tuple[Message, str]] = []   # dead-lettered here, for the shard to push to the DLQ
-        self.tokens: collections.OrderedDict[tuple, str] = collections.OrderedDict()   # push token -> message id
+        self._recent: collections.OrderedDict[str, tuple[str, int, int]] = collections.OrderedDict()
+        self.dead: list[tuple[tuple, int, str]] = []   # (message, deliveries, reason) for the shard to push to the DLQ
+        self.tokens: collections.OrderedDict[tuple, object] = collections.OrderedDict()  # push token -> id(s)
         self.next_seq = 1
         self.bytes = 0
         self.pushed = self.delivered = self.redelivered = self.acked = self.nacked = self.dead_lettered = 0
@@ -146,7 +317,7 @@ class Queue:
     # -- counts ---------------------------------------------------------------------------------------------
     @property
     def visible(self) -> int:
-        return len(self._ready)
+        return self._ready.count
 
     @property
     def in_flight(self) -> int:
@@ -154,7 +325,20 @@ class Queue:
 
     @property
     def delayed(self) -> int:
-        return len(self.messages) - len(self._ready) - len(self.leases)
+        return len(self.messages) - self._ready.count - len(self.leases)
+
+    def state(self, seq: int) -> str:
+        """Where message ``seq`` is: "visible", "delayed" or "leased" (tests, tools)."""
+        if seq in self.leased:
+            return "leased"
+        return "delayed" if seq in self.delay_at else "visible"
+
+    # -- the shard's timer ------------------------------------------------------------------------------------
+    def _at(self, when: int) -> None:
+        """Something here falls due at ``when``: have the shard look then, unless it looks earlier already."""
+        if not self.due_at or when < self.due_at:
+            self.due_at = when
+            self._schedule(when, self)
 
     # -- records --------------------------------------------------------------------------------------------
     def _do(self, record: tuple) -> None:
@@ -163,122 +347,170 @@ class Queue:
 
     def apply(self, record: tuple) -> None:
         kind = record[0]
-        if kind == "push":
+        if kind == "pushes":
+            _, token, messages, ready_ats = record
+            if token is not None:
+                self._token(token, tuple(m[ID] for m in messages))
+            self._store(messages, ready_ats)
+        elif kind == "push":
             (_, seq, msg_id, data_kind, data, priority, enqueued_at, ready_at, deliveries, reason, source,
              redriven, token) = record
             if token is not None:
-                self.tokens[token] = msg_id
-                if len(self.tokens) > _RECENT_TOKENS:
-                    self.tokens.popitem(last=False)
-            msg = Message(seq, msg_id, data_kind, data, priority, enqueued_at, ready_at)
-            msg.deliveries, msg.dead_reason, msg.source, msg.redriven = deliveries, reason, source, redriven
-            self.messages[seq] = msg
-            self.next_seq = max(self.next_seq, seq + 1)
-            self.bytes += len(data)
-            self.pushed += 1
-            self._make_ready(msg, ready_at)
-        elif kind == "lease":
-            _, seq, receipt, granted, deadline, visibility, first_received = record
-            msg = self.messages[seq]
-            ready = self._ready
-            if msg.ready_at == -1:
-                msg.ready_at = 0       # a snapshot's leased message, in no heap
-            elif ready and ready[0][2] is msg:
-                heapq.heappop(ready)   # live: always the head
-            else:
-                self._unready(msg)
-            lease = Lease(receipt, msg, granted, deadline, visibility, None)
-            msg.lease = lease
-            msg.deliveries += 1
-            msg.first_received = msg.first_received or first_received
-            self.leases[receipt] = lease
-            heapq.heappush(self._deadlines, (deadline, receipt))
-            self._schedule(deadline, self)
-            self.delivered += 1
-            if msg.deliveries > 1:
-                self.redelivered += 1
+                self._token(token, msg_id)
+            if deliveries:
+                self.deliveries[seq] = deliveries
+            self._store([(seq, msg_id, data_kind, data, priority, enqueued_at, reason, source, redriven)],
+                        [ready_at] if ready_at else None)
+        elif kind == "leases":
+            _, seqs, receipts, granted, deadline, visibility = record
+            for seq in seqs:
+                self._unready(seq)
+            self._grant(seqs, [_text(r) for r in receipts], granted, deadline, visibility, None)
+        elif kind == "lease":          # one lease (journal snapshots, and journals from before ``leases``)
+            _, seq, receipt, granted, deadline, visibility = record[:6]
+            self._unready(seq)
+            self._grant((seq,), [_text(receipt)], granted, deadline, visibility, None)
+        elif kind == "acks":
+            self._acked(record[1])
+        elif kind == "ack":
+            self._acked((_text(record[1]),))
         elif kind == "deadline":
             _, receipt, deadline = record
+            receipt = _text(receipt)
             lease = self.leases[receipt]
-            lease.deadline = deadline
-            heapq.heappush(self._deadlines, (deadline, receipt))
-            self._schedule(deadline, self)
-        elif kind == "ack":
-            lease = self.leases[record[1]]
-            self._end_lease(lease, "acked")
-            self._drop(lease.message)
-            self.acked += 1
+            self.leases[receipt] = (lease[0], lease[1], deadline, lease[3], lease[4])
+            heapq.heappush(self._deadlines, (deadline, (receipt,)))
+            self._at(deadline)
         elif kind == "requeue":
             _, receipt, ready_at = record
-            lease = self.leases[receipt]
-            self._end_lease(lease, "lost")
-            self._make_ready(lease.message, ready_at)
+            receipt = _text(receipt)
+            seq = self._end_lease(receipt, "lost")
+            self._make_ready(seq, ready_at)
         elif kind == "dead":
             _, seq, reason = record
-            msg = self.messages[seq]
-            if msg.lease is not None:
-                self._end_lease(msg.lease, "lost")
+            receipt = self.leased.get(seq)
+            if receipt is not None:
+                self._end_lease(receipt, "lost")
             else:
-                self._unready(msg)
-            self._drop(msg)
+                self._unready(seq)
+            deliveries = self.deliveries.get(seq, 0)
+            msg = self._drop(seq)
             self.dead_lettered += 1
-            self.dead.append((msg, reason))
+            self.dead.append((msg, deliveries, reason))
         elif kind == "take":
             taken = {seq for seq in record[1] if seq in self.messages}
-            self._ready = [entry for entry in self._ready if entry[1] not in taken]
-            heapq.heapify(self._ready)
+            self._ready.discard(taken)
             for seq in taken:
-                self._drop(self.messages[seq])
+                self.delay_at.pop(seq, None)
+                self._drop(seq)
         elif kind == "purge":
             for receipt, lease in self.leases.items():
-                self._remember(receipt, "purged", lease.message)
+                self._remember(receipt, "purged", lease[L_SEQ])
             self.messages.clear()
             self._ready.clear()
             self._delayed.clear()
+            self.delay_at.clear()
+            self.deliveries.clear()
             self.leases.clear()
+            self.leased.clear()
             self._deadlines.clear()
             self.bytes = 0
         else:
             raise ValueError(f"unknown queue record {kind!r}")
 
-    def _make_ready(self, msg: Message, ready_at: int) -> None:
-        msg.lease = None
-        msg.ready_at = ready_at
-        if ready_at == -1:   # a journal snapshot's leased message: its lease record comes next
-            return
-        if ready_at:
-            heapq.heappush(self._delayed, (ready_at, msg.seq, msg))
-            self._schedule(ready_at, self)
+    def _token(self, token: tuple, ids: object) -> None:
+        tokens = self.tokens
+        tokens[token] = ids
+        if len(tokens) > _RECENT_TOKENS:
+            tokens.popitem(last=False)
+
+    def _store(self, messages: list, ready_ats: list | None) -> None:
+        """New messages (tuples), visible or (``ready_ats``, per message, 0: visible) delayed."""
+        store = self.messages
+        size = 0
+        if ready_ats is None:
+            add = self._ready.add
+            for msg in messages:
+                seq = msg[0]
+                store[seq] = msg
+                size += len(msg[3])
+                add(seq, msg[4])
         else:
-            heapq.heappush(self._ready, (-msg.priority, msg.seq, msg))
+            for msg, ready_at in zip(messages, ready_ats):
+                store[msg[0]] = msg
+                size += len(msg[3])
+                self._make_ready(msg[0], ready_at)
+        seq = messages[-1][0]
+        if seq >= self.next_seq:
+            self.next_seq = seq + 1
+        self.bytes += size
+        self.pushed += len(messages)
 
-    def _unready(self, msg: Message) -> None:
-        """Take a visible or delayed message out of its heap (rare: replay, redrive, dead-lettering)."""
-        if msg.ready_at:
-            msg.ready_at = 0  # its entry in _delayed is now stale and is skipped when it comes due
-            return
-        heap = self._ready
-        for i, entry in enumerate(heap):
-            if entry[2] is msg:
-                heap[i] = heap[-1]
-                heap.pop()
-                heapq.heapify(heap)
+    def _make_ready(self, seq: int, ready_at: int) -> None:
+        if ready_at:
+            self.delay_at[seq] = ready_at
+            if ready_at == _LIMBO:   # a journal snapshot's leased message: its lease record comes next
                 return
+            heapq.heappush(self._delayed, (ready_at, seq))
+            self._at(ready_at)
+        else:
+            self._ready.add(seq, self.messages[seq][PRIORITY])
 
-    def _end_lease(self, lease: Lease, fate: str) -> None:
-        del self.leases[lease.receipt]
-        lease.message.lease = None
-        self._remember(lease.receipt, fate, lease.message)
+    def _unready(self, seq: int) -> None:
+        """Take a visible or delayed message out of its heap (replay, redrive, dead-lettering; the live receive
+        pops the heap itself)."""
+        if self.delay_at.pop(seq, 0):
+            return   # its entry in _delayed is now stale and is skipped when it comes due
+        self._ready.remove(seq, self.messages[seq][PRIORITY])
 
-    def _remember(self, receipt: bytes, fate: str, msg: Message) -> None:
+    def _grant(self, seqs, receipts: list[str], granted: int, deadline: int, visibility: int,
+               holder: tuple | None) -> None:
+        """Lease the messages ``seqs`` (out of every heap already) under ``receipts``."""
+        leases, leased, deliveries = self.leases, self.leased, self.deliveries
+        again = 0
+        for seq, receipt in zip(seqs, receipts):
+            leases[receipt] = (seq, granted, deadline, visibility, holder)
+            leased[seq] = receipt
+            d = deliveries.get(seq, 0)
+            deliveries[seq] = d + 1
+            if d:
+                again += 1
+        heapq.heappush(self._deadlines, (deadline, tuple(receipts)))
+        self._at(deadline)
+        self.delivered += len(receipts)
+        self.redelivered += again
+
+    def _acked(self, receipts) -> None:
+        leases, leased, store, deliveries = self.leases, self.leased, self.messages, self.deliveries
         recent = self._recent
-        recent[receipt] = (fate, msg.seq, msg.deliveries)
+        size = 0
+        for receipt in receipts:
+            seq = leases.pop(receipt)[0]
+            del leased[seq]
+            recent[receipt] = ("acked", seq, deliveries.pop(seq, 0))
+            size += len(store.pop(seq)[3])
+        self.bytes -= size
+        self.acked += len(receipts)
+        while len(recent) > _RECENT_RECEIPTS:
+            recent.popitem(last=False)
+
+    def _end_lease(self, receipt: str, fate: str) -> int:
+        seq = self.leases.pop(receipt)[L_SEQ]
+        del self.leased[seq]
+        self._remember(receipt, fate, seq)
+        return seq
+
+    def _remember(self, receipt: str, fate: str, seq: int) -> None:
+        recent = self._recent
+        recent[receipt] = (fate, seq, self.deliveries.get(seq, 0))
         if len(recent) > _RECENT_RECEIPTS:
             recent.popitem(last=False)
 
-    def _drop(self, msg: Message) -> None:
-        del self.messages[msg.seq]
-        self.bytes -= len(msg.data)
+    def _drop(self, seq: int) -> tuple:
+        msg = self.messages.pop(seq)
+        self.deliveries.pop(seq, None)
+        self.bytes -= len(msg[DATA])
+        return msg
 
     # -- what clients ask ------------------------------------------------------------------------------------
     def check_push(self, size: int) -> None:
@@ -290,31 +522,77 @@ class Queue:
             self.rejected += 1
             raise QueueError("queue_full", retry=True)
 
+    def check_batch(self, sizes: list[int]) -> None:
+        """Whether all these messages fit together (each checked for ``max_message_bytes`` already): a batch is
+        stored whole or not at all.  ``queue_full`` says how many of them would fit now (``room``)."""
+        s = self.settings
+        total = sum(sizes)
+        if len(self.messages) + len(sizes) <= s.max_messages and self.bytes + total <= s.max_bytes:
+            return
+        room, left = 0, s.max_bytes - self.bytes
+        for size in sizes[:max(0, s.max_messages - len(self.messages))]:
+            left -= size
+            if left < 0:
+                break
+            room += 1
+        self.rejected += len(sizes)
+        raise QueueError("queue_full", retry=True, room=room)
+
     def push(self, kind: int, data: bytes, priority: int, now: int, wall: int, delay_ms: int, *,
              msg_id: str | None = None, enqueued_at: int = 0, deliveries: int = 0, reason: str = "",
-             source: str = "", redriven: int = 0, token: tuple | None = None) -> Message:
+             source: str = "", redriven: int = 0, token: tuple | None = None) -> str:
         """Store a message (checked by ``check_push``).  The optional fields carry a message over from another
-        queue (dead-lettering, redrive); ``token`` names the request, so that a resent one is known."""
+        queue (dead-lettering, redrive); ``token`` names the request, so that a resent one is known.  -> its id."""
         seq = self.next_seq
-        self._do(("push", seq, msg_id or new_id(), kind, data, priority, enqueued_at or wall,
-                  now + delay_ms * MS if delay_ms else 0, deliveries, reason, source, redriven, token))
-        return self.messages[seq]
+        msg_id = msg_id or new_id()
+        record = ("push", seq, msg_id, kind, data, priority, enqueued_at or wall,
+                  now + delay_ms * MS if delay_ms else 0, deliveries, reason, source, redriven, token)
+        if delay_ms or deliveries or token is not None:
+            self.apply(record)
+        else:   # the common case, applied directly
+            self.messages[seq] = (seq, msg_id, kind, data, priority, enqueued_at or wall, reason, source, redriven)
+            self._ready.add(seq, priority)
+            self.next_seq = seq + 1
+            self.bytes += len(data)
+            self.pushed += 1
+        self._journal(self.name, record)
+        return msg_id
 
-    def lease(self, now: int, wall: int, visibility_ms: int, holder: tuple | None) -> Lease | None:
-        """Lease the first visible message under a fresh receipt, or None if there is none."""
-        if not self._ready:
-            return None
-        msg = self._ready[0][2]
-        receipt = new_receipt()
-        self._do(("lease", msg.seq, receipt, now, now + visibility_ms * MS, visibility_ms, wall))
-        lease = self.leases[receipt]
-        lease.holder = holder
-        return lease
+    def push_many(self, items: list[tuple], now: int, wall: int, token: tuple | None = None) -> list[str]:
+        """Store a batch of checked messages, ``(kind, data, priority, delay_ms)`` each, in one record.  -> ids."""
+        seq = self.next_seq
+        ids = new_ids(len(items))
+        messages = [(seq + i, ids[i], kind, data, priority, wall, "", "", 0)
+                    for i, (kind, data, priority, _) in enumerate(items)]
+        ready_ats = None
+        if any(item[3] for item in items):
+            ready_ats = [now + delay * MS if delay else 0 for _, _, _, delay in items]
+        self._do(("pushes", token, messages, ready_ats))
+        return ids
 
-    def current(self, receipt: bytes, now: int) -> Lease:
-        """The live lease of ``receipt``, or QueueError saying what became of it."""
+    def lease(self, now: int, count: int, visibility_ms: int, holder: tuple | None) -> list[tuple]:
+        """Lease up to ``count`` visible messages, in serving order, each under a fresh receipt; one record for
+        all.  -> their deliveries (``D_*`` tuples)."""
+        ready = self._ready
+        n = min(count, ready.count)
+        if not n:
+            return []
+        seqs = ready.pop_many(n)
+        receipts = new_receipts(n)
+        deadline = now + visibility_ms * MS
+        self._grant(seqs, receipts, now, deadline, visibility_ms, holder)
+        self._journal(self.name, ("leases", seqs, receipts, now, deadline, visibility_ms))
+        store, deliveries = self.messages, self.deliveries
+        out = []
+        for seq, receipt in zip(seqs, receipts):
+            m = store[seq]
+            out.append((m[1], receipt, m[2], m[3], deliveries[seq], m[4], m[5] // MS, m[6], m[7]))
+        return out
+
+    def current(self, receipt: str, now: int) -> tuple:
+        """The live lease of ``receipt`` (text, canonical), or QueueError saying what became of it."""
         lease = self.leases.get(receipt)
-        if lease is not None and lease.deadline > now:
+        if lease is not None and lease[L_DEADLINE] > now:
             return lease
         if lease is not None:  # past its deadline, the timer not yet run: lost all the same
             self.expire(now)
@@ -324,64 +602,108 @@ class Queue:
         what, seq, deliveries = fate
         if what == "lost":  # with the message's deliveries as they are now (it may have been leased again since)
             self.stale_receipts += 1
-            msg = self.messages.get(seq)
-            raise QueueError("lease_lost", deliveries=msg.deliveries if msg is not None else deliveries)
+            raise QueueError("lease_lost", deliveries=self.deliveries.get(seq, 0)
+                             if seq in self.messages else deliveries)
         raise QueueError("already_acked" if what == "acked" else what)
 
-    def ack(self, receipt: bytes, now: int) -> dict:
+    def ack_many(self, receipts: list, now: int) -> list[dict]:
+        """Ack each receipt (text, as the client sent it), in order, and journal those that ended a lease as one
+        record (``acks``; applying it is ``_acked``, done here inline).  -> one result per receipt."""
+        leases, leased, store, deliveries, recent = self.leases, self.leased, self.messages, self.deliveries, \
+            self._recent
+        results = []
+        done = []
+        size = 0
+        for receipt in receipts:
+            lease = leases.get(receipt) if type(receipt) is str else None
+            if lease is None or lease[2] <= now:   # a repeat in this batch finds its lease gone, like any repeat
+                receipt = self._ack_other(receipt, now)
+                if type(receipt) is dict:
+                    results.append(receipt)
+                    continue
+                lease = leases[receipt]   # a live receipt spelled in another (non-canonical) way
+            seq = lease[0]
+            del leases[receipt]
+            del leased[seq]
+            recent[receipt] = ("acked", seq, deliveries.pop(seq, 0))
+            size += len(store.pop(seq)[3])
+            done.append(receipt)
+            results.append(_ACKED)
+        if done:
+            self.bytes -= size
+            self.acked += len(done)
+            while len(recent) > _RECENT_RECEIPTS:
+                recent.popitem(last=False)
+            self._journal(self.name, ("acks", done))
+        return results
+
+    def _ack_other(self, receipt: object, now: int) -> dict | str:
+        """An ack whose receipt is not a live lease as sent: what the client is told, or the receipt's canonical
+        text if that is a live lease."""
+        text = canonical_receipt(receipt)
+        if text is None:
+            return {"ok": False, "error": "invalid_receipt"}
         try:
-            self.current(receipt, now)
+            self.current(text, now)   # a non-canonical spelling of a live receipt gets here
         except QueueError as exc:
             if exc.code == "already_acked":
                 self.duplicate_acks += 1
-                return {"already_acked": True}
+                return _ALREADY_ACKED
             if exc.code == "purged":
-                return {"purged": True}
-            raise
-        self._do(("ack", receipt))
-        return {}
+                return _PURGED
+            return {"ok": False, "error": exc.code, **exc.extra}
+        return text
 
-    def extend(self, receipt: bytes, now: int, visibility_ms: int | None) -> int:
+    def ack(self, receipt: str, now: int) -> dict:
+        """One ack (tests, tools): ``{}``, ``{"already_acked": True}``, ``{"purged": True}``, or QueueError."""
+        result = self.ack_many([receipt], now)[0]
+        if not result["ok"]:
+            extra = {k: v for k, v in result.items() if k not in ("ok", "error")}
+            raise QueueError(result["error"], **extra)
+        return {k: v for k, v in result.items() if k != "ok"}
+
+    def extend(self, receipt: str, now: int, visibility_ms: int | None) -> int:
         """Deadline = now + visibility (None: the lease's own, a heartbeat), at most ``max_lease_ms`` after the
         grant.  -> the deadline (ns)."""
         lease = self.current(receipt, now)
         if visibility_ms is None:
-            visibility_ms = lease.visibility
+            visibility_ms = lease[L_VISIBILITY]
         if type(visibility_ms) is not int or not 0 <= visibility_ms <= self.settings.max_visibility_ms:
             raise QueueError("invalid_visibility", max=self.settings.max_visibility_ms)
-        deadline = min(now + visibility_ms * MS, lease.granted + self.settings.max_lease_ms * MS)
+        deadline = min(now + visibility_ms * MS, lease[L_GRANTED] + self.settings.max_lease_ms * MS)
         self._do(("deadline", receipt, deadline))
         self.extended += 1
         if deadline <= now:
             self.expire(now)
         return deadline
 
-    def nack(self, receipt: bytes, now: int, delay_ms: int) -> str:
+    def nack(self, receipt: str, now: int, delay_ms: int) -> str:
         """Back to visible (after ``delay_ms``), or to the DLQ after its last delivery.  -> where it went."""
         lease = self.current(receipt, now)
         if type(delay_ms) is not int or not 0 <= delay_ms <= self.settings.max_delay_ms:
             raise QueueError("invalid_delay", max=self.settings.max_delay_ms)
         self.nacked += 1
-        return self._release(lease, now + delay_ms * MS if delay_ms else 0)
+        return self._release(receipt, lease, now + delay_ms * MS if delay_ms else 0)
 
-    def terminate(self, receipt: bytes, now: int) -> None:
+    def terminate(self, receipt: str, now: int) -> None:
         """A consumer's verdict: dead-letter the leased message now."""
         lease = self.current(receipt, now)
-        self._do(("dead", lease.message.seq, "terminated"))
+        self._do(("dead", lease[L_SEQ], "terminated"))
 
     def release_holder(self, holder: tuple) -> int:
         """A connection that received with ``release_on_close`` closed: its leases go back at once.  -> count."""
-        mine = [lease for lease in self.leases.values() if lease.holder == holder]
-        for lease in mine:
-            self._release(lease, 0)
+        mine = [(receipt, lease) for receipt, lease in self.leases.items() if lease[L_HOLDER] == holder]
+        for receipt, lease in mine:
+            self._release(receipt, lease, 0)
         return len(mine)
 
-    def _release(self, lease: Lease, ready_at: int) -> str:
+    def _release(self, receipt: str, lease: tuple, ready_at: int) -> str:
         limit = self.settings.max_deliveries
-        if limit and lease.message.deliveries >= limit:
-            self._do(("dead", lease.message.seq, "max_deliveries"))
+        seq = lease[L_SEQ]
+        if limit and self.deliveries.get(seq, 0) >= limit:
+            self._do(("dead", seq, "max_deliveries"))
             return "dead"
-        self._do(("requeue", lease.receipt, ready_at))
+        self._do(("requeue", receipt, ready_at))
         return "delayed" if ready_at else "visible"
 
     # -- time -----------------------------------------------------------------------------------------------
@@ -389,20 +711,34 @@ class Queue:
         """Make due delayed messages visible and lapse expired leases.  -> when to look next (0: nothing
         pending)."""
         delayed = self._delayed
+        delay_at = self.delay_at
         while delayed and delayed[0][0] <= now:
-            ready_at, _, msg = heapq.heappop(delayed)
-            if msg.ready_at == ready_at and msg.lease is None and self.messages.get(msg.seq) is msg:
-                msg.ready_at = 0
-                heapq.heappush(self._ready, (-msg.priority, msg.seq, msg))
+            ready_at, seq = heapq.heappop(delayed)
+            if delay_at.get(seq) == ready_at:
+                del delay_at[seq]
+                self._ready.add(seq, self.messages[seq][PRIORITY])
         deadlines = self._deadlines
+        leases = self.leases
         while deadlines and deadlines[0][0] <= now:
-            deadline, receipt = heapq.heappop(deadlines)
-            lease = self.leases.get(receipt)
-            if lease is not None and lease.deadline == deadline:
-                self.expired += 1
-                self._release(lease, 0)
+            deadline, receipts = heapq.heappop(deadlines)
+            for receipt in receipts:
+                lease = leases.get(receipt)
+                if lease is not None and lease[L_DEADLINE] == deadline:
+                    self.expired += 1
+                    self._release(receipt, lease, 0)
         due = [heap[0][0] for heap in (delayed, deadlines) if heap]
         return min(due) if due else 0
+
+    def rebase_delays(self, left: Callable[[int], int], now: int) -> None:
+        """Give every delayed message a new due time, ``left(old due time)`` ns from ``now`` (a journal replayed
+        after a reboot, whose monotonic times mean nothing now): due already, it is visible at once."""
+        self._delayed.clear()
+        for seq, ready_at in list(self.delay_at.items()):
+            if ready_at == _LIMBO:
+                continue
+            del self.delay_at[seq]
+            remaining = left(ready_at)
+            self._make_ready(seq, now + remaining if remaining > 0 else 0)
 
     # -- administration -------------------------------------------------------------------------------------
     def purge(self) -> int:
@@ -411,18 +747,35 @@ class Queue:
         self._do(("purge",))
         return count
 
-    def peek_visible(self, limit: int) -> list[Message]:
+    def peek_visible(self, limit: int) -> list[tuple]:
         """Up to ``limit`` visible messages, in serving order, left where they are."""
-        return [entry[2] for entry in heapq.nsmallest(limit, self._ready)]
+        store = self.messages
+        return [store[seq] for seq in self._ready.peek(limit)]
 
-    def take(self, messages: list[Message]) -> list[Message]:
+    def take(self, messages: list[tuple]) -> list[tuple]:
         """Remove these visible messages (a redrive takes them from a DLQ)."""
         if messages:
-            self._do(("take", [msg.seq for msg in messages]))
+            self._do(("take", [msg[SEQ] for msg in messages]))
         return messages
 
+    def snapshot(self):
+        """The records that rebuild this queue as it is now (journal compaction): each message pushed (a leased
+        one as in no heap, then its lease)."""
+        delay_at, leased, leases, deliveries = self.delay_at, self.leased, self.leases, self.deliveries
+        for seq in sorted(self.messages):
+            m = self.messages[seq]
+            receipt = leased.get(seq)
+            d = deliveries.get(seq, 0)
+            yield ("push", seq, m[ID], m[KIND], m[DATA], m[PRIORITY], m[ENQUEUED],
+                   delay_at.get(seq, 0) if receipt is None else _LIMBO, d - 1 if receipt is not None else d,
+                   m[REASON], m[SOURCE], m[REDRIVEN], None)
+            if receipt is not None:
+                lease = leases[receipt]
+                yield ("lease", seq, receipt, lease[L_GRANTED], lease[L_DEADLINE], lease[L_VISIBILITY])
+
     def stat(self, wall: int) -> dict:
-        oldest = min((entry[2].enqueued_at for entry in self._ready), default=0)
+        store = self.messages
+        oldest = min((store[seq][ENQUEUED] for seq in self._ready.seqs()), default=0)
         return {
             "queue": self.name, "visible": self.visible, "in_flight": self.in_flight, "delayed": self.delayed,
             "messages": len(self.messages), "bytes": self.bytes,

@@ -24,7 +24,7 @@ import orjson
 from router.subjects import is_valid_literal
 from workers.message import KIND_RAW
 
-from .model import MS
+from .model import D_DATA, D_DELIVERIES, D_ID, D_KIND, D_RECEIPT, MS
 from .service import allowed
 
 if TYPE_CHECKING:
@@ -139,9 +139,9 @@ def _answer(session: "NatsSession", reply: str | None, op: str, result: dict, ar
                         session)
             return
         queue = args["queue"]
-        for m in messages:
+        for m in messages:   # model.D_* tuples
             block = ("NATS/1.0\r\nQ-Receipt: %s\r\nQ-Deliveries: %d\r\nQ-Msg-Id: %s\r\n\r\n"
-                     % (m["receipt"], m["deliveries"], m["id"])).encode()
-            hub.publish(route, m["kind"], m["data"], f"$Q.ACK.{queue}.{m['receipt']}", block, session)
+                     % (m[D_RECEIPT], m[D_DELIVERIES], m[D_ID])).encode()
+            hub.publish(route, m[D_KIND], m[D_DATA], f"$Q.ACK.{queue}.{m[D_RECEIPT]}", block, session)
         return
     hub.publish(route, KIND_RAW, orjson.dumps(result), None, None, session)

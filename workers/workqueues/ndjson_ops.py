@@ -1,21 +1,28 @@
 """Work-queue requests on the NDJSON protocol: ``qpush``, ``qrecv``, ``qack``, ``qextend``, ``qnack``, ``qdead``,
 ``qstat``, and for administrators ``qpurge`` and ``qredrive`` (docs/queues.md).
 
-Each request suspends its connection until the queue's owner answers (replies stay in request order, as for
-``sub``); the owner answers a push only once it is journaled.  A message's ``data`` is delivered as the JSON value
-it was pushed as; bytes pushed by a NATS client are a JSON string, or base64 with ``"encoding":"base64"``.
+Queue requests are pipelined: each reserves its place among the connection's replies and the requests after it go
+on (a long poll, and a request past ``MAX_PIPELINED``, suspend the connection instead).  The owner answers a push
+only once it is journaled.  A message's ``data`` is delivered as the JSON value it was pushed as; bytes pushed by
+a NATS client are a JSON string, or base64 with ``"encoding":"base64"``.
+
+``qpush`` takes one message (``data``) or a batch (``messages``: a list of ``{"data", "priority", "delay_ms"}``
+objects, stored together or not at all, answered with their ids in order).
 """
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Callable
 
 import orjson
 
 from workers import ndjson_codec as codec
+from workers.connection import TURN_BUDGET
 from workers.message import KIND_JSON, as_json
 
 from .service import allowed
+from .shard import MAX_BATCH
 
 if TYPE_CHECKING:
     from workers.ndjson import NdjsonSession
@@ -35,55 +42,121 @@ _FIELDS = {
     "redrive": ("to", "max"),
 }
 
+# A turn's share of pushes: each message pushed counts this much of the turn's budget (``hub.turn_work``), so a
+# read of a thousand pipelined pushes yields to the event loop every PUSHES_PER_TURN of them (the rest of the read
+# goes on in the next turn).  The queue's owner then reads its other clients and workers in between, consumers
+# included: a producer at full speed no longer starves the receives and acks of the queue it fills.
+PUSHES_PER_TURN = 128
+_PUSH_WORK = TURN_BUDGET // PUSHES_PER_TURN
+_dumps = orjson.dumps
+_LONG_DIGIT_RUN = codec._LONG_DIGIT_RUN
+_DIGITS = codec._DIGITS
+_LOSSY_FLOAT = codec._LOSSY_FLOAT
 
-def _message(m: dict) -> dict:
-    data, b64 = as_json(m["kind"], m["data"])
-    out = {"id": m["id"], "receipt": m["receipt"], "data": orjson.Fragment(data), "deliveries": m["deliveries"],
-           "priority": m["priority"], "enqueued_at": m["enqueued_at"]}
-    if b64:
-        out["encoding"] = "base64"
-    if "dead_reason" in m:
-        out["dead_reason"], out["source"] = m["dead_reason"], m["source"]
-    return out
+
+def _message(m: tuple) -> bytes:
+    """One delivery (a ``model.D_*`` tuple) as the JSON object a ``qrecv`` reply lists.  Ids and receipts are
+    base64url, which JSON takes as it is."""
+    mid, receipt, kind, data, deliveries, priority, enqueued_at, reason, source = m
+    extra = b""
+    if kind != KIND_JSON:
+        data, b64 = as_json(kind, data)
+        if b64:
+            extra = b',"encoding":"base64"'
+    if reason:
+        extra += b',"dead_reason":%s,"source":%s' % (_dumps(reason), _dumps(source))
+    return b'{"id":"%s","receipt":"%s","data":%s,"deliveries":%d,"priority":%d,"enqueued_at":%d%s}' % (
+        mid.encode(), receipt.encode(), data, deliveries, priority, enqueued_at, extra)
 
 
 def _render(req: dict, result: dict) -> bytes:
-    if "messages" in result:
-        result = dict(result, messages=[_message(m) for m in result["messages"]])
     rid = req.get("id")
+    messages = result.get("messages")
+    if messages is not None and result.get("ok"):
+        tail = b"]}\n" if rid is None else b'],"id":%s}\n' % _dumps(rid)
+        return b'{"ok":true,"messages":[' + b",".join([_message(m) for m in messages]) + tail
     if rid is not None:
         result = dict(result, id=rid)
-    return orjson.dumps(result) + b"\n"
+    return _dumps(result) + b"\n"
+
+
+def _pushed(req: dict, result: dict) -> bytes:
+    """A single push's reply: pre-rendered in the common case (an id is base64url)."""
+    msg_id = result.get("id")
+    if msg_id is not None and len(result) == 2 and "id" not in req:
+        return b'{"ok":true,"id":"%s"}\n' % msg_id.encode()
+    return _render(req, result)
+
+
+def _exact_values(line: bytes) -> list:
+    """The batch's ``data`` values read again with the standard library, which keeps integers beyond 64 bits
+    exact (as ``ndjson_codec.encode_data`` does for one message)."""
+    items = json.loads(line.decode()).get("messages")
+    return [item.get("data") if type(item) is dict else None for item in items]
+
+
+def _exact(value: object) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _batch(line: bytes, req: dict, items: object) -> list | bytes:
+    """A push's ``messages`` as the shard takes them: ``(data, kind, priority, delay_ms)`` each, priority and delay
+    None where the item has none (the request's, or the default); or the error reply (bytes)."""
+    if type(items) is not list or not 1 <= len(items) <= MAX_BATCH or "data" in req:
+        return codec.reply_with(req, {"ok": False, "error": "invalid_messages", "min": 1, "max": MAX_BATCH})
+    for i, item in enumerate(items):
+        if type(item) is not dict:
+            return codec.reply_with(req, {"ok": False, "error": "invalid_message", "index": i})
+    if _LONG_DIGIT_RUN in line.translate(_DIGITS) or any(
+            type(data) is float and (data >= _LOSSY_FLOAT or data <= -_LOSSY_FLOAT)
+            for data in [item.get("data") for item in items]):
+        # numbers orjson would not keep exact (once for the line, not per message)
+        return [(_exact(value), KIND_JSON, item.get("priority"), item.get("delay_ms"))
+                for value, item in zip(_exact_values(line), items)]
+    # copied out of orjson's buffer: see ndjson_codec.encode_data
+    return [(b"%s" % _dumps(item.get("data")), KIND_JSON, item.get("priority"), item.get("delay_ms"))
+            for item in items]
 
 
 def _op(op: str) -> Callable[["NdjsonSession", dict, bytes], None]:
     fields = _FIELDS[op]
+    render = _pushed if op == "push" else _render
 
     def run(session: "NdjsonSession", req: dict, line: bytes) -> None:
         queue = req.get("queue")
         if type(queue) is not str or not queue:
             session.send(codec.reply(req, "invalid_queue"))
             return
-        if not allowed(session.user.permissions if session._secure else None, op, queue):
+        if session._secure and not allowed(session.user.permissions, op, queue):
             session.send(codec.reply(req, "permission_denied"))
             return
         args = {key: req[key] for key in fields if key in req}
         args["queue"] = queue
+        hub = session.hub
         if op == "push":
-            args["data"] = codec.encode_data(line, req.get("data"))
-            args["kind"] = KIND_JSON
+            items = req.get("messages")
+            if items is None:
+                args["data"] = codec.encode_data(line, req.get("data"))
+                args["kind"] = KIND_JSON
+                hub.turn_work += _PUSH_WORK
+            else:
+                items = _batch(line, req, items)
+                if type(items) is bytes:
+                    session.send(items)
+                    return
+                args["messages"] = items
+                hub.turn_work += _PUSH_WORK * len(items)
+        service = hub.queue_service
         if (op == "recv" and args.get("wait_ms")) or session.pending_replies >= MAX_PIPELINED:
             # A long poll holds the requests after it (and keeps reading: a client that leaves, or half-closes,
             # cancels its wait); so does a request past the pipelining bound, until it is answered.
             session.suspend(keep_reading=op == "recv")
-            session.hub.queue_service.request(session.cid, op, args,
-                                              lambda result: session._reply_and_resume(_render(req, result)))
+            service.request(session.cid, op, args, lambda result: session._reply_and_resume(render(req, result)))
             return
         # Pipelined: the requests after it go on (to the same owner they arrive in order), and its reply keeps
         # its place among the connection's replies.
         slot = session.reserve()
-        session.hub.queue_service.request(session.cid, op, args,
-                                          lambda result: session.fill(slot, _render(req, result)))
+        service.request(session.cid, op, args, lambda result: session.fill(slot, render(req, result)))
 
     return run
 

@@ -39,7 +39,7 @@ from workers.connection import Connection
 from workers.message import KIND_RAW, as_bytes
 
 from . import qlite_codec as codec
-from .model import DLQ_SUFFIX, receipt_bytes, receipt_text
+from .model import D_DATA, D_KIND, D_RECEIPT, DLQ_SUFFIX, receipt_bytes, receipt_text
 
 if TYPE_CHECKING:
     from cluster.users import User
@@ -380,15 +380,15 @@ class QliteSession(Connection):
         if not messages:
             self._reply(codec.fail(empty))
             return
-        m = messages[0]
+        m = messages[0]   # a model.D_* tuple
         if self.closed:   # nobody will read it: the lease goes back now (the original cancels an unsent hide)
-            self._ask("nack", {"receipt": m["receipt"], "delay_ms": 0}, lambda result: None)
+            self._ask("nack", {"receipt": m[D_RECEIPT], "delay_ms": 0}, lambda result: None)
             self.hub.queue_service.connection_closed(self.cid)   # forget this connection again
             return
-        body = as_bytes(m["kind"], m["data"])
+        body = as_bytes(m[D_KIND], m[D_DATA])
         self.msgs_out += 1
         self.bytes_out += len(body)
-        self._reply(codec.ok(receipt_bytes(m["receipt"]) + b";" + body))
+        self._reply(codec.ok(receipt_bytes(m[D_RECEIPT]) + b";" + body))
 
     def op_del(self, data: bytes) -> None:
         if len(data) != codec.RECEIPT_SIZE:

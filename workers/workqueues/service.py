@@ -73,21 +73,39 @@ class QueueService:
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
         self._used: dict[int, set[int]] = {}     # cid -> owners its requests went to
+        self._owners: dict[str, int] = {}        # queue -> owner, as computed (a cache: cleared when large)
         shard.owns = lambda queue: self.owner(queue) == hub.index
 
     def owner(self, queue: str) -> int:
-        return shardmap.owner(home(queue), self.hub.workers)
+        owner = self._owners.get(queue)
+        if owner is None:
+            owner = shardmap.owner(home(queue), self.hub.workers)
+            if len(self._owners) >= 10_000:
+                self._owners.clear()
+            self._owners[queue] = owner
+        return owner
 
     def request(self, cid: int, op: str, args: dict, reply: Reply) -> None:
         """Run ``op`` on the owner of ``args["queue"]`` (a str) for the connection ``cid``; ``reply`` gets the
         result dict."""
         hub = self.hub
-        owner = self.owner(args["queue"])
-        holder = (hub.index, cid)
-        self._used.setdefault(cid, set()).add(owner)
+        if op == "recv" and args.get("wait_ms"):   # a long poll: bounded per connection and worker (workers.polls)
+            reply = hub.polls.admit(cid, reply)
+            if reply is None:
+                return
+        queue = args["queue"]
+        owner = self._owners.get(queue)
+        if owner is None:
+            owner = self.owner(queue)
+        used = self._used.get(cid)
+        if used is None:
+            used = self._used[cid] = set()
+        if owner not in used:
+            used.add(owner)
         if owner == hub.index:
-            self.shard.handle(op, args, holder, reply)
+            self.shard.handle(op, args, (owner, cid), reply)
             return
+        holder = (hub.index, cid)
         rid = next(self._ids)
         if op == "push":  # a push is sent again if its owner dies: the token lets the replacement see a repeat
             args = dict(args, token=(hub.index, hub.fabric.epoch, rid))

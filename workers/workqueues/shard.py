@@ -7,6 +7,8 @@ point, ``handle(op, args, holder, reply)``, whichever protocol and worker the re
 - Every change is journaled (``journal``) and replies wait in ``_replies`` until ``commit`` (run at the start of
   the hub's end-of-turn flush) has written the turn's records: a producer is told ``ok`` only for what is stored.
 - Long polls wait in a FIFO per queue, wherever their clients are; a message wakes the first waiter, and only it.
+  Waiters are served at the end of the turn (``commit``), with everything that became visible in it: a burst of
+  pushes read in one turn goes to the first waiter as one batch, not one message to it and the rest to nobody.
 - A holder is the connection a request came from, ``(worker, cid)``: leases taken with ``release_on_close`` and
   waiters are dropped when it closes (``drop_holder``) or its worker dies (``drop_worker``).
 """
@@ -24,12 +26,13 @@ from typing import Callable
 from router.subjects import is_valid_literal
 
 from .journal import Journal
-from .model import DLQ_SUFFIX, MAX_PRIORITY, MS, Queue, QueueError, Settings, is_dlq, receipt_bytes, receipt_text
+from .model import (DLQ_SUFFIX, ENQUEUED, ID, KIND, MAX_PRIORITY, MS, PRIORITY, REDRIVEN, SOURCE, DATA, Queue,
+                    QueueError, Settings, canonical_receipt, is_dlq)
 
 log = logging.getLogger("broker.queues")
 
 Reply = Callable[[dict], None]
-MAX_BATCH = 1000
+MAX_BATCH = 1000            # messages a receive leases, receipts an ack takes, messages a push stores, at most
 MAX_WAIT_MS = 300_000
 # Long polls waiting at once: a waiter costs a few hundred bytes, but a client must not be able to add them
 # without end (a NATS connection can send any number of receives).
@@ -92,6 +95,8 @@ class Shard:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0
         self._replies: list[tuple[Reply, dict]] = []
+        self._wake: dict[str, Queue] = {}        # queues with waiters and visible messages: serve them at commit
+        self._committing = False
         self._holders: dict[tuple, set[str]] = {}  # holder -> queues where it waits or holds release-on-close leases
         self._waiting: dict[tuple, int] = {}       # holder -> its long polls waiting here
         self.owns: Callable[[str], bool] = lambda name: True   # whether a queue is placed here (set by the service)
@@ -129,6 +134,12 @@ class Shard:
         if not self._timer_at or when < self._timer_at:
             self._arm(when)
 
+    def _wait_until(self, when: int, q: Queue) -> None:
+        """A long poll's deadline: look at the queue then (its own due times are the queue's to ask for)."""
+        heapq.heappush(self._due, (when, q.name))
+        if not self._timer_at or when < self._timer_at:
+            self._arm(when)
+
     def _arm(self, when: int) -> None:
         if self._timer is not None:
             self._timer.cancel()
@@ -147,7 +158,10 @@ class Shard:
         for name in touched:
             q = self.queues.get(name)
             if q is not None:
-                q.expire(now)
+                q.due_at = 0       # its entry fired: what is left to come is what expire says
+                nxt = q.expire(now)
+                if nxt:
+                    q._at(nxt)
                 self._settle(q, now)
             self._expire_waiters(name, now)
         if due:
@@ -172,10 +186,21 @@ class Shard:
 
     def _answer(self, reply: Reply, result: dict) -> None:
         self._replies.append((reply, result))
-        self._schedule_flush()
+        if not self._committing:
+            self._schedule_flush()
 
     def commit(self) -> None:
-        """End of the turn: journal what changed, then let the replies go (they leave in the same flush)."""
+        """End of the turn: serve the waiters of queues that got messages, journal what changed, then let the
+        replies go (they leave in the same flush)."""
+        if self._wake:
+            self._committing = True
+            try:
+                now = time.monotonic_ns()
+                while self._wake:
+                    _, q = self._wake.popitem()
+                    self._serve(q, now)
+            finally:
+                self._committing = False
         if self.journal.dirty:
             self.journal.commit()
         if self._replies:
@@ -185,7 +210,12 @@ class Shard:
 
     # -- operations -----------------------------------------------------------------------------------------
     def _push(self, args: dict, holder: tuple, reply: Reply) -> dict:
-        q = self.queue(args.get("queue"))
+        name = args.get("queue")
+        q = self.queues.get(name) if type(name) is str else None
+        if q is None:
+            q = self.queue(name)
+        if "messages" in args:
+            return self._push_many(q, args)
         token = args.get("token")
         if token is not None:
             token = tuple(token)
@@ -193,14 +223,54 @@ class Shard:
             if stored is not None:  # sent again after a crash, and the first one was journaled: one copy
                 return self._pushed(q, stored, args)
         data, kind = args.get("data", b""), args.get("kind", 0)
-        priority = _int(args, "priority", DEFAULT_PRIORITY, 0, MAX_PRIORITY)
-        delay = _int(args, "delay_ms", 0, 0, q.settings.max_delay_ms)
+        priority = args.get("priority", DEFAULT_PRIORITY)
+        if type(priority) is not int or not 0 <= priority <= MAX_PRIORITY:
+            priority = _int(args, "priority", DEFAULT_PRIORITY, 0, MAX_PRIORITY)
+        delay = _int(args, "delay_ms", 0, 0, q.settings.max_delay_ms) if "delay_ms" in args else 0
         q.check_push(len(data))
-        now = time.monotonic_ns()
-        msg = q.push(kind, data, priority, now, time.time_ns(), delay, token=token)
-        if not delay:
-            self._serve(q, now)
-        return self._pushed(q, msg.id, args)
+        msg_id = q.push(kind, data, priority, time.monotonic_ns(), time.time_ns(), delay, token=token)
+        if not delay and q.name in self.waiters:
+            self._wake[q.name] = q
+        return self._pushed(q, msg_id, args)
+
+    def _push_many(self, q: Queue, args: dict) -> dict:
+        """A batch: ``messages`` is a list of ``(data, kind, priority, delay_ms)`` (priority and delay None: the
+        request's own, or the defaults).  Every message is checked before any is stored, and they are stored
+        together (one journal record) or not at all.  -> ``{"ok": true, "ids": [...]}`` in order."""
+        token = args.get("token")
+        if token is not None:
+            token = tuple(token)
+            stored = q.tokens.get(token)
+            if stored is not None:  # sent again after a crash, and the first one was journaled: one copy
+                return {"ok": True, "ids": list(stored)}
+        items = args["messages"]
+        if type(items) is not list or not 1 <= len(items) <= MAX_BATCH:
+            raise QueueError("invalid_messages", min=1, max=MAX_BATCH)
+        priority = _int(args, "priority", DEFAULT_PRIORITY, 0, MAX_PRIORITY)
+        max_delay = q.settings.max_delay_ms
+        delay = _int(args, "delay_ms", 0, 0, max_delay)
+        max_size = q.settings.max_message_bytes
+        checked = []
+        sizes = []
+        for i, (data, kind, p, d) in enumerate(items):
+            if p is None:
+                p = priority
+            elif type(p) is not int or not 0 <= p <= MAX_PRIORITY:
+                raise QueueError("invalid_priority", min=0, max=MAX_PRIORITY, index=i)
+            if d is None:
+                d = delay
+            elif type(d) is not int or not 0 <= d <= max_delay:
+                raise QueueError("invalid_delay", min=0, max=max_delay, index=i)
+            size = len(data)
+            if size > max_size:
+                raise QueueError("message_too_large", max=max_size, index=i)
+            sizes.append(size)
+            checked.append((kind, data, p, d))
+        q.check_batch(sizes)
+        ids = q.push_many(checked, time.monotonic_ns(), time.time_ns(), token)
+        if q.name in self.waiters and q.visible:
+            self._wake[q.name] = q
+        return {"ok": True, "ids": ids}
 
     @staticmethod
     def _pushed(q: Queue, msg_id: str, args: dict) -> dict:
@@ -216,7 +286,10 @@ class Shard:
         visibility = _int(args, "visibility_ms", q.settings.visibility_ms, 0, q.settings.max_visibility_ms)
         release = bool(args.get("release_on_close", False))
         now = time.monotonic_ns()
-        if q.visible or not self.waiters.get(q.name):  # else earlier waiters first: arrival order, all workers
+        if q.name in self._wake:   # waiters that arrived earlier are served first: arrival order, all workers
+            del self._wake[q.name]
+            self._serve(q, now)
+        if q.visible or not self.waiters.get(q.name):  # else earlier waiters first
             got = self._lease(q, count, visibility, release, holder, now)
             if got or not wait:
                 return {"ok": True, "messages": got}
@@ -227,21 +300,12 @@ class Shard:
         queued.append(waiter)
         self._waiting[holder] = self._waiting.get(holder, 0) + 1
         self._holders.setdefault(holder, set()).add(q.name)
-        self._at(waiter.deadline, q)
+        self._wait_until(waiter.deadline, q)
         return None
 
-    def _lease(self, q: Queue, count: int, visibility: int, release: bool, holder: tuple, now: int) -> list[dict]:
-        wall = time.time_ns()
-        out = []
-        while len(out) < count:
-            lease = q.lease(now, wall, visibility, holder if release else None)
-            if lease is None:
-                break
-            msg = lease.message
-            out.append({"id": msg.id, "receipt": receipt_text(lease.receipt), "kind": msg.kind, "data": msg.data,
-                        "deliveries": msg.deliveries, "priority": msg.priority,
-                        "enqueued_at": msg.enqueued_at // MS, **({"dead_reason": msg.dead_reason,
-                                                                  "source": msg.source} if msg.dead_reason else {})})
+    def _lease(self, q: Queue, count: int, visibility: int, release: bool, holder: tuple, now: int) -> list[tuple]:
+        """-> the deliveries (``model.D_*`` tuples), in serving order."""
+        out = q.lease(now, count, visibility, holder if release else None)
         if release and out:
             self._holders.setdefault(holder, set()).add(q.name)
         return out
@@ -282,13 +346,6 @@ class Shard:
         else:
             del self.waiters[name]
 
-    def _receipts(self, args: dict) -> list[bytes | None]:
-        many = args.get("receipts")
-        if many is None:
-            return [receipt_bytes(args.get("receipt"))]
-        if type(many) is not list or not 1 <= len(many) <= MAX_BATCH:
-            raise QueueError("invalid_receipts", max=MAX_BATCH)
-        return [receipt_bytes(r) for r in many]
 
     def _existing(self, args: dict) -> Queue:
         q = self._look_up(args.get("queue"))
@@ -297,24 +354,25 @@ class Shard:
         return q
 
     def _ack(self, args: dict, holder: tuple, reply: Reply) -> dict:
-        receipts = self._receipts(args)
+        many = args.get("receipts")
+        if many is None:
+            receipt = args.get("receipt")
+            if canonical_receipt(receipt) is None:
+                raise QueueError("invalid_receipt")
+            many = [receipt]
+        elif type(many) is not list or not 1 <= len(many) <= MAX_BATCH:
+            raise QueueError("invalid_receipts", max=MAX_BATCH)
         q = self._existing(args)
         now = time.monotonic_ns()
-        results = []
-        for receipt in receipts:
-            try:
-                if receipt is None:
-                    raise QueueError("invalid_receipt")
-                results.append({"ok": True, **q.ack(receipt, now)})
-            except QueueError as exc:
-                results.append({"ok": False, "error": exc.code, **exc.extra})
-        self._settle(q, now)
+        results = q.ack_many(many, now)
+        if q.dead or q.visible:
+            self._settle(q, now)
         if "receipts" in args:
             return {"ok": True, "results": results}
-        return results[0]
+        return dict(results[0])
 
-    def _one(self, args: dict) -> tuple[Queue, bytes, int]:
-        receipt = receipt_bytes(args.get("receipt"))
+    def _one(self, args: dict) -> tuple[Queue, str, int]:
+        receipt = canonical_receipt(args.get("receipt"))
         if receipt is None:
             raise QueueError("invalid_receipt")
         return self._existing(args), receipt, time.monotonic_ns()
@@ -374,16 +432,16 @@ class Shard:
         count = min(count, target.settings.max_messages - len(target.messages))
         picked = []
         for msg in src.peek_visible(count):
-            room_bytes -= len(msg.data)
+            room_bytes -= len(msg[DATA])
             if room_bytes < 0:
                 break
             picked.append(msg)
         now, wall = time.monotonic_ns(), time.time_ns()
         moved = src.take(picked)
         for msg in moved:
-            target.push(msg.kind, msg.data, msg.priority, now, wall, 0, msg_id=msg.id, enqueued_at=msg.enqueued_at,
-                        redriven=msg.redriven + 1)
-        self._serve(target, now)
+            target.push(msg[KIND], msg[DATA], msg[PRIORITY], now, wall, 0, msg_id=msg[ID],
+                        enqueued_at=msg[ENQUEUED], redriven=msg[REDRIVEN] + 1)
+        self._settle(target, now)
         return {"ok": True, "moved": len(moved)}
 
     # -- dead letters and holders ---------------------------------------------------------------------------
@@ -394,13 +452,14 @@ class Shard:
             # A DLQ's own dead letters (qdead there) stay in it, visible again: never dropped.
             dlq = q if is_dlq(q.name) else self.queue(q.name + DLQ_SUFFIX)
             wall = time.time_ns()
-            for msg, reason in dead:
-                dlq.push(msg.kind, msg.data, msg.priority, now, wall, 0, msg_id=msg.id, enqueued_at=msg.enqueued_at,
-                         deliveries=msg.deliveries, reason=reason, source=msg.source if dlq is q else q.name)
-            if dlq is not q:
-                self._serve(dlq, now)
-        if q.visible:
-            self._serve(q, now)
+            for msg, deliveries, reason in dead:
+                dlq.push(msg[KIND], msg[DATA], msg[PRIORITY], now, wall, 0, msg_id=msg[ID],
+                         enqueued_at=msg[ENQUEUED], deliveries=deliveries, reason=reason,
+                         source=msg[SOURCE] if dlq is q else q.name)
+            if dlq is not q and dlq.visible and dlq.name in self.waiters:
+                self._wake[dlq.name] = dlq
+        if q.visible and q.name in self.waiters:
+            self._wake[q.name] = q
 
     def drop_holder(self, holder: tuple) -> None:
         """The connection ``holder`` closed: its waiters go, and its release-on-close leases come back."""
@@ -441,7 +500,10 @@ class Shard:
         now = time.monotonic_ns()
         for q in self.queues.values():
             q.dead.clear()   # their DLQ pushes are records of their own, replayed already
-            q.expire(now)
+            q.due_at = 0
+            nxt = q.expire(now)
+            if nxt:
+                q._at(nxt)
             self._settle(q, now)
         if count:
             self.compact(force=True)
@@ -458,13 +520,8 @@ class Shard:
         for q in self.queues.values():
             for receipt in list(q.leases):
                 q.apply(("requeue", receipt, 0))
-            for msg in [m for m in q.messages.values() if m.ready_at > 0]:
-                if msg.ready_at > 0:
-                    left = msg.ready_at - then_mono - (now_wall - then_wall)
-                    q.apply(("take", [msg.seq]))  # out of the heaps, and back in with the new due time
-                    q.apply(("push", msg.seq, msg.id, msg.kind, msg.data, msg.priority, msg.enqueued_at,
-                             now_mono + max(left, 0) if left > 0 else 0, msg.deliveries, msg.dead_reason,
-                             msg.source, msg.redriven, None))
+            # the time a delayed message had left when the journal was written, by the wall clock since
+            q.rebase_delays(lambda ready_at: ready_at - then_mono - (now_wall - then_wall), now_mono)
         log.warning("worker %d: queues journaled before a reboot: their leases ended, delays carried over by the "
                     "wall clock", self.index)
 
@@ -480,15 +537,8 @@ class Shard:
     def _snapshot(self):
         yield "", _clock()
         for q in self.queues.values():
-            for msg in sorted(q.messages.values(), key=lambda m: m.seq):
-                # a leased message is pushed as leased (ready_at -1: in no heap), then its lease follows
-                yield q.name, ("push", msg.seq, msg.id, msg.kind, msg.data, msg.priority, msg.enqueued_at,
-                               msg.ready_at if msg.lease is None else -1, msg.deliveries - (1 if msg.lease else 0),
-                               msg.dead_reason, msg.source, msg.redriven, None)
-                lease = msg.lease
-                if lease is not None:
-                    yield q.name, ("lease", msg.seq, lease.receipt, lease.granted, lease.deadline,
-                                   lease.visibility, msg.first_received)
+            for record in q.snapshot():
+                yield q.name, record
 
     def tick(self) -> None:
         """About once a second: fsync per policy, and compact when it pays."""
