@@ -367,7 +367,8 @@ def user_list() -> None:
 @cli.command()
 @click.option("-s", "--scenarios", default="fanout1,fanout10,fanout100,nn,wide,latency,connections",
               show_default=True, help="Comma-separated: fanout1 fanout10 fanout100 nn wide latency connections; "
-                                      "work queues: qpush qwork1 qwork8 qdrain1 qdrain8 qlatency, and with batch producers qpushb qwork1b qwork8b.")
+                                      "work queues: qpush qwork1 qwork8 qdrain1 qdrain8 qlatency, and with batch "
+                                      "producers qpushb qwork1b qwork8b.")
 @click.option("--peers", default="nats,redis", show_default=True,
               help="Servers to compare with, started on free loopback ports if installed: nats, redis (or none).")
 @click.option("--protocols", default="nats,ndjson", show_default=True, help="This broker's protocols to measure.")
