@@ -1,9 +1,10 @@
 """brokerctl bench works: one tiny scenario, against the peers when they are installed (CI installs them)."""
 
 import json
+import os
 import subprocess
 import sys
-import time
+import uuid
 
 import psutil
 
@@ -11,25 +12,32 @@ from cli.bench.servers import find_binary
 from harness import REPO
 
 
-def servers_started_since(t0: float) -> list:
-    """Broker, nats-server and redis-server processes created after ``t0`` that are still alive."""
+def tagged() -> tuple[dict, str]:
+    """An environment whose tag every process the bench starts inherits, so leftovers are found by tag (not by
+    name: other tests start brokers at the same time)."""
+    tag = uuid.uuid4().hex
+    return dict(os.environ, BENCH_TEST_TAG=tag), tag
+
+
+def servers_left(tag: str) -> list:
+    """Live processes that carry ``tag`` in their environment (servers, workers, generators)."""
     found = []
-    for proc in psutil.process_iter(["create_time", "cmdline", "status"]):
-        cmd = " ".join(proc.info["cmdline"] or [])
-        if proc.info["create_time"] >= t0 and proc.info["status"] != psutil.STATUS_ZOMBIE and (
-                "nats-server" in cmd or "redis-server" in cmd or "cli start" in cmd or "spawn_main" in cmd
-                or "broker-worker" in cmd):
-            found.append(cmd)
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and proc.environ().get("BENCH_TEST_TAG") == tag:
+                found.append(" ".join(proc.info["cmdline"] or []))
+        except psutil.Error:
+            continue
     return found
 
 
 def test_tiny_bench_runs_and_reports(tmp_path):
-    t0 = time.time() - 1
+    env, tag = tagged()
     peers = [p for p, binary in (("nats", "nats-server"), ("redis", "redis-server")) if find_binary(binary)]
     res = subprocess.run(
         [sys.executable, "-m", "cli", "bench", "-s", "fanout1", "--rounds", "1", "--duration", "0.5",
          "--peers", ",".join(peers) or "none", "--workers", "2", "--out", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=300)
+        cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "fan-out 1→1" in res.stdout and "msg/s" in res.stdout
     result = json.loads(next(tmp_path.glob("bench-*.json")).read_text())
@@ -42,7 +50,7 @@ def test_tiny_bench_runs_and_reports(tmp_path):
         assert "goal" in rows["shardbroker/nats"]
     png = next(tmp_path.glob("bench-*.png"))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert not servers_started_since(t0), "the bench left servers running"
+    assert not servers_left(tag), "the bench left servers running"
 
 
 def test_generator_check():
@@ -58,12 +66,12 @@ def test_generator_check():
 def test_tiny_queue_bench(tmp_path):
     """The work-queue scenarios: this broker with and without its journal, and Redis Streams when installed; every
     acknowledged push stored or acked exactly once."""
-    t0 = time.time() - 1
+    env, tag = tagged()
     peers = ["redis"] if find_binary("redis-server") else []
     res = subprocess.run(
         [sys.executable, "-m", "cli", "bench", "-s", "qpush,qwork1,qwork8,qlatency", "--rounds", "1",
          "--duration", "0.3", "--peers", ",".join(peers) or "none", "--workers", "2", "--out", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=300)
+        cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "queue push" in res.stdout and "queue latency" in res.stdout
     result = json.loads(next(tmp_path.glob("bench-*.json")).read_text())
@@ -82,4 +90,4 @@ def test_tiny_queue_bench(tmp_path):
             assert run["left"]["pending"] == 0 and run["delivered"] == run["expected"], run
     if peers:
         assert rows["qwork1", "shardbroker/ndjson"]["vs_redis"] > 0 and "goal" in rows["qwork1", "shardbroker/ndjson"]
-    assert not servers_started_since(t0), "the bench left servers running"
+    assert not servers_left(tag), "the bench left servers running"
