@@ -135,4 +135,5 @@ def test_the_sandbox_emulation_catches_the_filter_that_breaks_libzmq(tmp_path, s
                           "--nats-port", "0", "--monitor-port", "0"], cwd=REPO, capture_output=True, text=True,
                          timeout=60)
     assert res.returncode == 3, res.stderr
-    assert "failed to boot: signal SIGABRT" in res.stderr
+    # libzmq's assertion aborts; with faulthandler dumping the stack first, the death is sometimes seen as SIGSEGV
+    assert re.search(r"failed to boot: signal SIG(ABRT|SEGV)", res.stderr), res.stderr
