@@ -140,14 +140,15 @@ def _ask_supervisor(request: dict, pid: int | None, runtime_dir: str | None, con
 def reload(pid: int | None, runtime_dir: str | None, config_path: str | None, timeout: float) -> None:
     """Reload the running broker's configuration file, as SIGHUP does, and say what happened.
 
-    All or nothing: if only keys that can change at run time changed (users, limits, logging.level, shutdown.*),
-    they are applied on every worker; if any other key changed, nothing is applied, the keys needing a restart are
-    named, and the exit code is 1.  The answer comes once the reload is over (a unit's ExecReload=).
+    All or nothing: if only keys that can change at run time changed (users, limits, logging.level, shutdown.*,
+    tls), they are applied on every worker, and the TLS certificates and keys are read again; if any other key
+    changed, or a TLS file no longer loads, nothing is applied, the keys are named, and the exit code is 1.  The
+    answer comes once the reload is over (a unit's ExecReload=).
     """
     from cluster.reload import Outcome
 
     answer = _ask_supervisor({"cmd": "reload"}, pid, runtime_dir, config_path, timeout)
-    outcome = Outcome(**{k: answer[k] for k in ("ok", "error", "changed", "restart", "digest", "loaded")
+    outcome = Outcome(**{k: answer[k] for k in ("ok", "error", "changed", "restart", "digest", "loaded", "tls")
                          if k in answer})
     if not outcome.ok:
         raise click.ClickException(outcome.summary())
@@ -389,9 +390,11 @@ def user_list() -> None:
 @click.option("--out", default="bench-results", show_default=True, help="Directory for the JSON and PNG files.")
 @click.option("--generator-check", is_flag=True,
               help="Only measure the load generator, against a server that discards or streams.")
+@click.option("--tls", is_flag=True, help="Also measure with TLS on the client ports: this broker (NATS and NDJSON) "
+                                          "and nats-server (with --peers nats), each with a fresh certificate.")
 def bench(scenarios: str, peers: str, protocols: str, payload: int, duration: float, rounds: int,
           workers: int | None, procs: int, nn: int, wide: int, rate: float, connections: int, out: str,
-          generator_check: bool) -> None:
+          generator_check: bool, tls: bool) -> None:
     """Measure this broker against nats-server and Redis, side by side, in one run."""
     import time
 
@@ -408,7 +411,7 @@ def bench(scenarios: str, peers: str, protocols: str, payload: int, duration: fl
         raise click.BadParameter(f"unknown peer(s): {', '.join(bad)}", param_hint="--peers")
     opts = Options(scenarios=names, peers=peer_list, protocols=[p for p in protocols.split(",") if p],
                    payload=payload, duration=duration, rounds=rounds, workers=workers, procs=procs, nn=nn,
-                   wide=wide, rate=rate, connections=connections)
+                   wide=wide, rate=rate, connections=connections, tls=tls)
     runner = Bench(opts, log=lambda msg: click.echo(msg, err=True))
     if generator_check:
         for row in runner.generator_check():

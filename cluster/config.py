@@ -23,7 +23,7 @@ import orjson
 
 from router.subjects import is_valid_literal
 
-from . import passwords
+from . import certnames, passwords
 from .permissions import PermissionFormatError, Permissions
 
 
@@ -45,10 +45,65 @@ def _directory(kind: Literal["parent", "own"]) -> Any:
     return field(default=None, metadata={"directory": kind})
 
 
+# -- TLS (docs/security.md#tls): a shared section, and a ``tls`` key on each listener ---------------------------
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """The shared ``tls`` section: what a listener with ``"tls": true`` runs with.  Off by itself."""
+    cert: str | None = None     # PEM: the certificate, then any intermediates
+    key: str | None = None      # PEM, unencrypted
+    ca: str | None = None       # PEM: client certificates are asked for and verified against it
+    verify: bool = False        # a client certificate is required (needs ca)
+    verify_and_map: bool = False   # required, and it names the user (security.users[].cert_names; needs ca)
+    min_version: Literal["1.2", "1.3"] = "1.2"
+    # null: security.auth_timeout; how long a client may take from the accept to the end of its handshake
+    handshake_timeout: float | None = field(default=None, metadata=_meta(0.1, 3600))
+
+
+@dataclass(frozen=True)
+class ListenerTlsConfig:
+    """A listener's own ``tls`` object: each key given replaces the shared section's for that listener."""
+    cert: str | None = None
+    key: str | None = None
+    ca: str | None = None
+    verify: bool | None = None
+    verify_and_map: bool | None = None
+    min_version: Literal["1.2", "1.3"] | None = None
+    handshake_timeout: float | None = field(default=None, metadata=_meta(0.1, 3600))
+    # NATS only, as nats-server's: true, the handshake comes before INFO (clients must ask for it: nats-py's
+    # tls_handshake_first); "auto", before INFO when the client starts one within 50 ms, after INFO otherwise.
+    handshake_first: bool | Literal["auto"] = False
+
+
+# false: plain TCP; true: the shared ``tls`` section; an object: that section with the object's keys over it
+ListenerTls = Union[bool, ListenerTlsConfig]
+TLS_LISTENERS = {"ndjson": "network", "nats": "nats", "bridge": "bridge", "qlite": "qlite",
+                 "monitoring": "monitoring"}   # listener -> its configuration section
+
+
+@dataclass(frozen=True)
+class TlsSettings:
+    """One listener's TLS as it runs (``tls_settings``), and for each key the configuration key it came from."""
+    listener: str
+    cert: str
+    key: str
+    ca: str | None
+    verify: bool
+    verify_and_map: bool
+    min_version: str
+    handshake_timeout: float
+    handshake_first: bool | str
+    origin: tuple[tuple[str, str], ...]
+
+    def key_of(self, name: str) -> str:
+        return dict(self.origin).get(name, f"tls.{name}")
+
+
 @dataclass(frozen=True)
 class NetworkConfig:
     bind: str = "127.0.0.1"
     port: int = _port(8080)
+    tls: ListenerTls = False
 
 
 @dataclass(frozen=True)
@@ -61,6 +116,8 @@ class UserConfig:
     # qlite's handshake (docs/qlite.md) proves bcrypt(secret ‖ challenge): the server needs the secret itself, in
     # plaintext (<= 56 bytes), so a qlite user has this besides its password.  None: no qlite login.
     qlite_secret: str | None = None
+    # tls.verify_and_map: the names a client certificate may prove to log in as this user (certnames.py)
+    cert_names: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -96,6 +153,15 @@ class LimitsConfig:
     max_topic_length: int = field(default=4096, metadata=_meta(1, 1 << 20))
     max_subscriptions: int = field(default=65536, metadata=_meta(1, 10_000_000))
     max_tracked_subjects: int = field(default=100_000, metadata=_meta(100, 100_000_000))
+    # Counted by the supervisor over all workers (docs/architecture.md); 0: no limit.  Off by default: many
+    # clients may share one address (NAT, a proxy, every test on 127.0.0.1) or one user.
+    max_connections_per_address: int = field(default=0, metadata=_meta(0, 10_000_000))
+    max_connections_per_user: int = field(default=0, metadata=_meta(0, 10_000_000))
+    # Work-queue receives waiting for a message, per connection and over one worker's connections.
+    max_pending_polls: int = field(default=1000, metadata=_meta(1, 1_000_000))
+    max_pending_polls_per_worker: int = field(default=100_000, metadata=_meta(1, 10_000_000))
+    # Seconds from the accept to a connection's first complete frame.  Long enough for a person typing into nc.
+    handshake_timeout: float = field(default=30.0, metadata=_meta(0.1, 3600))
 
 
 @dataclass(frozen=True)
@@ -115,6 +181,7 @@ class NatsConfig:
     ping_interval: float = field(default=120.0, metadata=_meta(0.05, 86400))
     ping_max: int = field(default=2, metadata=_meta(1, 1000))
     server_name: str | None = None
+    tls: ListenerTls = False
 
 
 @dataclass(frozen=True)
@@ -124,6 +191,7 @@ class BridgeConfig:
     port: int = _port(9090)
     max_publish_bytes: int = field(default=1 << 20, metadata=_meta(1, 64 << 20))
     user: str | None = None  # with security on: the user whose permissions Bridge clients (no auth) act with
+    tls: ListenerTls = False
 
 
 @dataclass(frozen=True)
@@ -139,6 +207,7 @@ class QliteConfig:
     io_timeout: float = field(default=3.0, metadata=_meta(0.1, 3600))
     max_polling_time: float = field(default=10.0, metadata=_meta(0, 300))
     max_hidden_time: int = field(default=30, metadata=_meta(1, 0xFFFFFFFF))  # seconds; clamped to 12 h at load
+    tls: ListenerTls = False
 
 
 QLITE_MAX_HIDDEN = 43200   # the longest lease a queue grants (12 h): qlite.max_hidden_time is clamped to it
@@ -174,6 +243,7 @@ class MonitoringConfig:
     enabled: bool = True
     bind: str | None = None
     port: int = _port(8222)
+    tls: ListenerTls = False   # HTTPS, served by the supervisor
 
 
 @dataclass(frozen=True)
@@ -214,6 +284,7 @@ class Config:
     shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)
     source: str | None = field(default=None, metadata={"internal": True})
     # What a reload needs to load the file the same way (the command line's dotted-key overrides), and what
     # /varz shows of the load: the file's sha256 (compare with `sha256sum FILE`) and when it was read.
@@ -307,6 +378,68 @@ def _check(config: Config) -> None:
     if sd.lame_duck_grace_period >= sd.lame_duck_duration:
         raise ConfigError(f"shutdown.lame_duck_grace_period: must be less than shutdown.lame_duck_duration "
                           f"({sd.lame_duck_duration:g}), got {sd.lame_duck_grace_period:g}")
+    _check_tls(config)
+
+
+# -- TLS: which listeners have it, and with what (cluster/tls.py makes the contexts, and reads the files) --------
+
+def tls_settings(config: Config, listener: str) -> TlsSettings | None:
+    """The TLS ``listener`` ("ndjson", "nats", ... : ``TLS_LISTENERS``) runs with, or None: plain TCP."""
+    section = TLS_LISTENERS[listener]
+    own = getattr(config, section).tls
+    if own is False:
+        return None
+    shared = config.tls
+    values: dict[str, Any] = {}
+    origin: list[tuple[str, str]] = []
+    for f in dataclasses.fields(TlsConfig):
+        value = getattr(own, f.name, None) if isinstance(own, ListenerTlsConfig) else None
+        if value is not None:
+            values[f.name] = value
+            origin.append((f.name, f"{section}.tls.{f.name}"))
+        else:
+            values[f.name] = getattr(shared, f.name)
+            origin.append((f.name, f"tls.{f.name}"))
+    if values["handshake_timeout"] is None:
+        values["handshake_timeout"] = config.security.auth_timeout
+    first = own.handshake_first if isinstance(own, ListenerTlsConfig) else False
+    return TlsSettings(listener=listener, cert=values["cert"] or "", key=values["key"] or "", ca=values["ca"],
+                       verify=values["verify"], verify_and_map=values["verify_and_map"],
+                       min_version=values["min_version"], handshake_timeout=float(values["handshake_timeout"]),
+                       handshake_first=first, origin=tuple(origin))
+
+
+def _check_tls(config: Config) -> None:
+    for listener, section in TLS_LISTENERS.items():
+        own = getattr(config, section).tls
+        if isinstance(own, ListenerTlsConfig) and own.handshake_first is not False and listener != "nats":
+            raise ConfigError(f"{section}.tls.handshake_first: only the NATS listener has it (nats.tls)")
+        s = tls_settings(config, listener)
+        if s is None:
+            continue
+        for name in ("cert", "key"):
+            if not getattr(s, name):
+                raise ConfigError(f"{section}.tls: needs a {'certificate' if name == 'cert' else 'private key'}: "
+                                  f"set tls.{name} (or {section}.tls.{name})")
+        for name in ("verify", "verify_and_map"):
+            if getattr(s, name) and not s.ca:
+                raise ConfigError(f"{s.key_of(name)}: needs a CA to verify client certificates with: set tls.ca "
+                                  f"(or {section}.tls.ca)")
+    seen: dict[str, str] = {}
+    for where, user, _ in configured_users(config.security):
+        for i, name in enumerate(user.cert_names):
+            key = f"{where}.cert_names[{i}]"
+            if not name.strip():
+                raise ConfigError(f"{key}: must not be empty")
+            try:
+                dn = certnames.canonical_dn(name)
+            except certnames.DnError as exc:
+                raise ConfigError(f"{key}: {exc}") from None
+            for form in {name, dn} - {None}:
+                if form in seen and seen[form] != user.username:
+                    raise ConfigError(f"{key}: {name!r} already logs in {seen[form]!r}: a certificate name picks one "
+                                      f"user")
+                seen[form] = user.username
 
 
 # -- the configured users: what the file may say about them (cluster.users builds the registry from it) ---------
@@ -339,8 +472,9 @@ def _check_users(sec: SecurityConfig) -> None:
         seen.add(user.username)
         if user.password is not None and user.password_hash is not None:
             raise ConfigError(f"{where}: give password or password_hash, not both")
-        if sec.enabled and not user.password and user.password_hash is None:
-            raise ConfigError(f"{where}: needs a non-empty password or a password_hash")
+        if sec.enabled and not user.password and user.password_hash is None and not user.cert_names:
+            raise ConfigError(f"{where}: needs a non-empty password or a password_hash (or, to log in by "
+                              f"certificate alone, cert_names)")
         try:
             Permissions(user.permissions)
         except PermissionFormatError as exc:
@@ -502,6 +636,8 @@ def _convert(tp: Any, value: Any, path: str, meta: dict) -> Any:
                 return _convert(option, value, path, meta)
             except ConfigError as exc:
                 if "must be" in str(exc):  # right type, wrong range: that is the error to report
+                    raise
+                if dataclasses.is_dataclass(option) and isinstance(value, dict):   # an object: its own key's error
                     raise
         _fail(path, tp, value)
     if origin is Literal:

@@ -4,19 +4,29 @@ Monitoring is a handful of GETs a second at most, so asyncio streams are fine he
 misbehaving client from holding memory or a connection.  A handler returns a JSON-able object, or a ``Body`` for
 another format (/metrics); it sees the request's headers (Accept), and a ``Body`` is gzipped for a client that
 asks for it (Prometheus does).
+
+HTTPS (``monitoring.tls``): the server accepts itself and asks ``tls()`` for the context of each new connection,
+so that a reload's certificates serve the next request.  The handshake runs here, in the supervisor (cluster.tls:
+on its event loop, never blocking it): a handful of scrapes a minute cost it nothing worth moving elsewhere.
+A plain HTTP request to an HTTPS port gets a plain ``400`` that says so.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import gzip
 import logging
+import socket
+import ssl
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Awaitable, Callable
 from urllib.parse import parse_qs, urlsplit
 
 import orjson
+
+from . import tls as tlsaccept
 
 log = logging.getLogger("broker.http")
 
@@ -25,6 +35,9 @@ Handler = Callable[[str, dict[str, str], dict[str, str]], Awaitable[tuple[int, o
 _MAX_HEAD = 16 * 1024
 _READ_TIMEOUT = 10.0
 _GZIP_FROM = 1024   # smaller bodies are not worth compressing
+_ACCEPT_PAUSE = 0.1   # seconds the listener rests after an accept failed for want of descriptors
+_PLAIN_TO_TLS = (b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n"
+                 b"This port serves HTTPS: use https://\n")
 
 
 @dataclass(frozen=True)
@@ -34,22 +47,74 @@ class Body:
 
 
 class HttpServer:
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler,
+                 tls: Callable[[], tuple[ssl.SSLContext, float] | None] = lambda: None) -> None:
+        """``tls()``: the context and handshake timeout a new connection gets, or None for plain HTTP."""
         self._handler = handler
-        self._server: asyncio.base_events.Server | None = None
+        self._tls = tls
+        self._sock: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._resting: asyncio.TimerHandle | None = None
+        # TLS handshakes by outcome (cluster.tls.accept), for /varz and /metrics
+        self.tls_counts = {"ok": 0, "plaintext": 0, "timeout": 0, "failed": 0}
 
     async def start(self, host: str, port: int, sock=None) -> tuple[str, int]:
         """Listen on host:port, or on ``sock`` (a listener passed by systemd) if given."""
-        if sock is not None:
-            self._server = await asyncio.start_server(self._serve, sock=sock, limit=_MAX_HEAD)
-        else:
-            self._server = await asyncio.start_server(self._serve, host, port, limit=_MAX_HEAD)
-        return self._server.sockets[0].getsockname()[:2]
+        if sock is None:
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            sock = socket.create_server((host, port), family=family, backlog=128)
+        sock.setblocking(False)
+        self._sock = sock
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(sock.fileno(), self._accept)
+        return sock.getsockname()[:2]
+
+    def _accept(self) -> None:
+        for _ in range(32):
+            try:
+                conn, _ = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    # the connection stays in the backlog, and the listener readable: rest, or spin
+                    log.error("monitoring: accept failed: %s", exc.strerror)
+                    self._loop.remove_reader(self._sock.fileno())
+                    self._resting = self._loop.call_later(_ACCEPT_PAUSE, self._wake)
+                return
+            asyncio.ensure_future(self._connection(conn))
+
+    def _wake(self) -> None:
+        self._resting = None
+        if self._sock is not None:
+            self._loop.add_reader(self._sock.fileno(), self._accept)
+
+    async def _connection(self, conn: socket.socket) -> None:
+        def factory() -> asyncio.StreamReaderProtocol:
+            return asyncio.StreamReaderProtocol(asyncio.StreamReader(limit=_MAX_HEAD), self._serve)
+
+        secure = self._tls()
+        try:
+            if secure is None:
+                await self._loop.connect_accepted_socket(factory, conn)
+                return
+            outcome, why = await tlsaccept.accept(conn, secure[0], secure[1], factory, _PLAIN_TO_TLS)
+        except OSError:
+            conn.close()
+            return
+        if outcome in self.tls_counts:
+            self.tls_counts[outcome] += 1
+        if outcome not in ("ok", "closed"):
+            log.info("monitoring: TLS handshake %s: %s; closed", outcome, why)
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
+        if self._sock is not None:
+            if self._resting is not None:
+                self._resting.cancel()
+            else:
+                self._loop.remove_reader(self._sock.fileno())
+            self._sock.close()
+            self._sock = None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

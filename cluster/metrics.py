@@ -52,6 +52,10 @@ class Scrape:
     max_connections: int
     max_pending_bytes: int
     queues: list[dict] = field(default_factory=list)   # /queuez rows (with "owner")
+    breaches: dict[str, int] = field(default_factory=dict)   # the supervisor's: connection limits (cluster.admission)
+    accept_errors: int = 0
+    tls: dict[str, int] = field(default_factory=dict)   # the supervisor's TLS handshakes (monitoring), by outcome
+    tls_not_after: dict[str, float] = field(default_factory=dict)   # listener -> when its certificate expires
 
 
 def render(scrape: Scrape, accept: str) -> tuple[bytes, str]:
@@ -89,6 +93,8 @@ _WORKER_GAUGES = (
      "bytes"),
     ("pending_bytes_max", "shardbroker_largest_connection_pending_bytes",
      "The most bytes one connection has unread: the one closest to being a slow consumer.", "bytes"),
+    ("pending_polls", "shardbroker_pending_polls", "Work-queue receives of this worker's clients waiting (long polls).",
+     ""),
 )
 _FABRIC_COUNTERS = (
     ("lost_frames", "shardbroker_fabric_lost_frames", "Frames from other workers found missing (sequence gaps)."),
@@ -146,6 +152,8 @@ class BrokerCollector:
         yield from self._processes()
         yield from self._fabric()
         yield from self._queues()
+        yield from self._limits()
+        yield from self._tls()
 
     def _broker(self) -> Iterator[Metric]:
         s = self.scrape
@@ -260,6 +268,45 @@ class BrokerCollector:
                     family.add_metric((str(w.index), peer), int(link.get(key, 0)))
         for _, family in tables:
             yield family
+
+    def _limits(self) -> Iterator[Metric]:
+        """Limits broken, per process that counts them: the supervisor (connections), each worker (the rest)."""
+        s = self.scrape
+        family = CounterMetricFamily("shardbroker_limit_breaches",
+                                     "Times a client ran into a limit (refused, or closed, in its protocol's words).",
+                                     labels=("worker", "limit"))
+        for limit, n in sorted(s.breaches.items()):
+            family.add_metric(("supervisor", limit), n)
+        for w in s.workers:
+            if w.stats is not None:
+                for limit, n in sorted(w.stats.get("breaches", {}).items()):
+                    family.add_metric((str(w.index), limit), n)
+        yield family
+        yield CounterMetricFamily("shardbroker_accept_errors",
+                                  "Accepts that failed for want of file descriptors (each pauses that listener).",
+                                  value=s.accept_errors)
+
+    def _tls(self) -> Iterator[Metric]:
+        """TLS handshakes by outcome, per process that does them: each worker (its listeners), the supervisor
+        (monitoring); and when each listener's certificate expires, to alert on before it does."""
+        s = self.scrape
+        family = CounterMetricFamily("shardbroker_tls_handshakes",
+                                     "TLS handshakes by outcome: ok, failed (certificate or protocol), timeout "
+                                     "(tls.handshake_timeout), plaintext (a client without TLS, refused).",
+                                     labels=("worker", "outcome"))
+        for outcome, n in sorted(s.tls.items()):
+            family.add_metric(("supervisor", outcome), n)
+        for w in s.workers:
+            if w.stats is not None:
+                for outcome, n in sorted(w.stats.get("tls", {}).items()):
+                    family.add_metric((str(w.index), outcome), n)
+        yield family
+        expiry = GaugeMetricFamily("shardbroker_tls_certificate_not_after",
+                                   "When the listener's TLS certificate expires (epoch seconds).",
+                                   labels=("listener",), unit="seconds")
+        for listener, when in sorted(s.tls_not_after.items()):
+            expiry.add_metric((listener,), when)
+        yield expiry
 
     def _queues(self) -> Iterator[Metric]:
         rows = self.scrape.queues

@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import psutil
 
 from . import connz
+from .config import tls_settings
 from .httpd import Body, HttpServer
 from .processes import ProcessTable, max_fds
+from .tls import enabled as tls_enabled, expiry as tls_expiry
 
 if TYPE_CHECKING:
     from .config import Config
@@ -34,6 +36,10 @@ class Cluster(Protocol):
     started: float
     server_id: str
     slots: list[Any]  # supervisor.WorkerSlot | None, by worker index
+    tls_contexts: dict[str, Any]   # listener -> ssl.SSLContext (cluster.tls)
+    tls_material: dict[str, str]   # certificate files as read
+    admission: Any    # admission.Admission: its breaches
+    acceptor: Any     # acceptor.Acceptor or None: its accept errors
 
     def server_info(self) -> dict: ...
 
@@ -55,7 +61,7 @@ def _uptime(seconds: float) -> str:
 class Monitor:
     def __init__(self, supervisor: Cluster) -> None:
         self.sup = supervisor
-        self._http = HttpServer(self._route)
+        self._http = HttpServer(self._route, tls=self._tls)
         self.address: tuple[str, int] = ("", 0)
         self._procs = ProcessTable()
 
@@ -66,6 +72,50 @@ class Monitor:
     def describe(self) -> str:
         host, port = self.address
         return f"{host}:{port}"
+
+    def _tls(self) -> tuple[Any, float] | None:
+        """HTTPS for the next connection (monitoring.tls), with the contexts of the last reload."""
+        ctx = self.sup.tls_contexts.get("monitoring")
+        settings = tls_settings(self.sup.config, "monitoring")
+        if ctx is None or settings is None:
+            return None
+        return ctx, settings.handshake_timeout
+
+    def _tls_not_after(self) -> dict[str, float]:
+        out = {}
+        for s in tls_enabled(self.sup.config):
+            ends = tls_expiry(self.sup.tls_material.get(s.cert, ""))
+            if ends is not None:
+                out[s.listener] = ends
+        return out
+
+    def _tls_varz(self, replies: list[dict]) -> dict:
+        """nats-server's TLS fields (for the NATS listener), this broker's handshake counts (every listener,
+        monitoring's included), and each TLS listener's settings and certificate end."""
+        cfg = self.sup.config
+        counts = dict(self._http.tls_counts)
+        for r in replies:
+            for outcome, n in r.get("tls", {}).items():
+                counts[outcome] = counts.get(outcome, 0) + n
+        nats = tls_settings(cfg, "nats") if cfg.nats.enabled else None
+        listeners = {}
+        not_after = self._tls_not_after()
+        for s in tls_enabled(cfg):
+            ends = not_after.get(s.listener)
+            listeners[s.listener] = {"min_version": s.min_version, "verify": s.verify or s.verify_and_map,
+                                     "verify_and_map": s.verify_and_map, "handshake_first": s.handshake_first,
+                                     "handshake_timeout": s.handshake_timeout,
+                                     "cert_not_after": _iso(ends) if ends else ""}
+        return {
+            "tls_required": nats is not None,
+            "tls_verify": bool(nats and (nats.verify or nats.verify_and_map)),
+            "tls_timeout": nats.handshake_timeout if nats else 0,
+            "tls_handshakes": counts.get("ok", 0),
+            "tls_handshake_failures": sum(counts.get(k, 0) for k in ("failed", "timeout", "plaintext")),
+            "tls_handshake_timeouts": counts.get("timeout", 0),
+            "tls_plaintext_refused": counts.get("plaintext", 0),
+            "tls_listeners": listeners,
+        }
 
     async def close(self) -> None:
         await self._http.close()
@@ -176,6 +226,10 @@ class Monitor:
             "out_bytes": total("out_bytes"),
             "out_wire_bytes": total("out_wire_bytes"),
             "slow_consumers": total("slow_consumers"),
+            "breaches": self._breaches(ok),
+            "accept_errors": sup.acceptor.accept_errors if sup.acceptor is not None else 0,
+            "pending_polls": total("pending_polls"),
+            **self._tls_varz(ok),
             "fabric_lost_frames": fabric("lost_frames"),
             "fabric_lost_messages": fabric("lost_messages"),
             "fabric_dropped_messages": fabric("dropped_messages"),
@@ -183,6 +237,14 @@ class Monitor:
             "worker_count": sup.nworkers,
             "workers": workers,
         }
+
+    def _breaches(self, replies: list[dict]) -> dict[str, int]:
+        """Limits broken, by limit: the supervisor's (connections) and the workers' summed."""
+        out = dict(self.sup.admission.breaches)
+        for r in replies:
+            for limit, n in r.get("breaches", {}).items():
+                out[limit] = out.get(limit, 0) + n
+        return out
 
     async def _connz(self, query: dict) -> tuple[int, object]:
         """nats-server's /connz: ``sort=`` (cluster/connz.py), ``offset=``, ``limit=`` (default 1024), ``cid=``,
@@ -263,7 +325,10 @@ class Monitor:
             workers=workers, supervisor=samples.get(os.getpid()), start_time=sup.started,
             max_fds=max_fds(), version=sup.server_info()["broker"].rpartition(" ")[2],
             nats_protocol=sup.server_info()["version"], max_connections=cfg.limits.max_connections,
-            max_pending_bytes=cfg.limits.max_pending_bytes, queues=queues)
+            max_pending_bytes=cfg.limits.max_pending_bytes, queues=queues,
+            breaches=dict(sup.admission.breaches),
+            accept_errors=sup.acceptor.accept_errors if sup.acceptor is not None else 0,
+            tls=dict(self._http.tls_counts), tls_not_after=self._tls_not_after())
         data, content_type = metrics.render(scrape, accept)
         return 200, Body(data, content_type)
 

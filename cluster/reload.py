@@ -1,12 +1,14 @@
 """Configuration reload (SIGHUP, ``brokerctl reload``, ``systemctl reload``): all or nothing, as nats-server's.
 
 1. Read the file again with the command line's overrides, and check it as a start would (not its directories:
-   the keys naming them need a restart anyway).
+   the keys naming them need a restart anyway); read the TLS certificates and keys it names, and make their
+   contexts (cluster.tls).  Renewed certificates under the same names are taken this way too.
 2. Diff it against the running configuration, key by key.
 3. If a key that cannot change at run time changed, nothing is applied: the running configuration stays, and the
    answer (log, ``brokerctl reload``, the systemd status line) names each such key.  A start reads it later.
-4. Otherwise: the users (hashed on threads, as at start), then the rest on every worker, each acknowledging it,
-   then the supervisor's own copy, which is what a worker started later gets.
+4. Otherwise: the users (hashed on threads, as at start), then the rest on every worker, each acknowledging it
+   (the TLS material with it: new handshakes use it, open connections keep theirs), then the supervisor's own
+   copy, which is what a worker started later gets.
 
 systemd hears ``RELOADING=1`` (with ``MONOTONIC_USEC``, so ``systemctl reload`` waits for this reload and not an
 older one) before step 1, and ``READY=1`` after the last step, whatever the outcome.
@@ -19,7 +21,7 @@ import dataclasses
 import logging
 from typing import Any, Protocol
 
-from . import systemd
+from . import systemd, tls
 from .config import Config, ConfigError, document, load, without_plaintext_passwords
 
 log = logging.getLogger("broker.reload")
@@ -30,6 +32,9 @@ RUNTIME_KEYS = (
     "security.auth_timeout", "security.max_auth_failures", "security.failures_per_address",
     "security.failure_window", "security.block_duration",
     "limits.", "logging.level", "shutdown.", "workers.heartbeat_timeout",
+    # TLS: every key, the shared section's and each listener's (true/false, or its object's keys)
+    "tls.", "network.tls", "network.tls.", "nats.tls", "nats.tls.", "bridge.tls", "bridge.tls.", "qlite.tls",
+    "qlite.tls.", "monitoring.tls", "monitoring.tls.",
 )
 _ACK_TIMEOUT = 10.0
 
@@ -40,6 +45,8 @@ class Cluster(Protocol):
     config: Config
     notifier: systemd.Notifier
     security: Any  # security.SecurityManager
+    tls_material: tls.Material
+    tls_contexts: dict[str, Any]
 
     def live_slots(self) -> list[Any]: ...
 
@@ -56,12 +63,14 @@ class Outcome:
     restart: list[str] = dataclasses.field(default_factory=list)   # keys (with old -> new) needing a restart
     digest: str | None = None                                 # of the configuration running afterwards
     loaded: float = 0.0
+    tls: list[str] = dataclasses.field(default_factory=list)   # certificate files whose content changed
 
     def summary(self) -> str:
         if not self.ok:
             return f"configuration not reloaded (the running configuration is kept): {self.error}"
         changed = ", ".join(self.changed) if self.changed else "no key changed"
-        return f"configuration reloaded ({self.digest}): {changed}; users re-read from the file"
+        files = f"; TLS files re-read ({', '.join(self.tls)} changed)" if self.tls else ""
+        return f"configuration reloaded ({self.digest}): {changed}; users re-read from the file{files}"
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -125,6 +134,11 @@ class Reloader:
             new = load(running.source, dict(running.overrides), check_paths=False)
         except ConfigError as exc:
             return Outcome(False, str(exc), digest=running.digest, loaded=running.loaded)
+        try:
+            # The certificates too: a file that no longer loads refuses the reload, and the running ones stay.
+            material, contexts = tls.load(new)
+        except tls.TlsError as exc:
+            return Outcome(False, str(exc), digest=running.digest, loaded=running.loaded)
         changed = diff(running, new)
         old_flat, new_flat = flatten(document(running)), flatten(document(new))
         restart = [f"{k} ({_shown(old_flat.get(k))} -> {_shown(new_flat.get(k))})"
@@ -135,15 +149,22 @@ class Reloader:
         # The users first: every login after this reload's answer checks against the file's users.
         await self.sup.security.reload_users(new)
         stripped = without_plaintext_passwords(new)
-        replies = await self.sup.query({"k": "config", "doc": document(stripped)}, timeout=_ACK_TIMEOUT,
-                                       slots=self.sup.live_slots())
+        replies = await self.sup.query({"k": "config", "doc": document(stripped), "tls": material},
+                                       timeout=_ACK_TIMEOUT, slots=self.sup.live_slots())
         late = [r["worker"] for r in replies if r.get("unresponsive")]
         if late:
             log.error("worker(s) %s did not acknowledge the new configuration (they are killed if stuck, and "
                       "their replacements start with it)", late)
+        for r in replies:
+            if r.get("error"):   # the material was checked here: a worker should not fail where we did not
+                log.error("worker %s kept its running TLS contexts: %s", r.get("worker"), r["error"])
+        files = sorted(path for path, text in material.items() if self.sup.tls_material.get(path) != text)
+        self.sup.tls_material, self.sup.tls_contexts = material, contexts
         self.sup.config = stripped
         _set_log_level(stripped.logging.level)
-        return Outcome(True, changed=changed, digest=stripped.digest, loaded=stripped.loaded)
+        for line in tls.warnings(stripped, material):
+            log.warning("%s", line)
+        return Outcome(True, changed=changed, digest=stripped.digest, loaded=stripped.loaded, tls=files)
 
 
 def _set_log_level(level: str) -> None:

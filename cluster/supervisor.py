@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from . import control, runtime, systemd
+from . import control, runtime, systemd, tls
 from .acceptor import Acceptor, Listener, bind
+from .admission import PER_ADDRESS, Admission
 from .command_socket import CommandServer
 from .config import Config, without_plaintext_passwords
 from .lameduck import LameDuck
@@ -82,6 +83,7 @@ class Supervisor:
         self.runtime_dir = ""
         self.listeners: list[Listener] = []
         self.acceptor: Acceptor | None = None
+        self.admission = Admission(lambda: self.config.limits)
         self.monitor: Monitor | None = None
         self.security: SecurityManager | None = None
         self.started = time.time()
@@ -108,6 +110,10 @@ class Supervisor:
         self.lame_duck: LameDuck | None = None
         self._lame_duck_ints = 0
         self.commands = CommandServer(self._command)
+        # TLS (cluster.tls): the certificate files as read at start or at the last reload, and the contexts made
+        # of them.  Workers get the material and make their own; monitoring's context is used here.
+        self.tls_material: tls.Material = {}
+        self.tls_contexts: dict[str, Any] = {}
 
     # -- entry ----------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -120,6 +126,14 @@ class Supervisor:
         # workers are spawned with the stripped config, and get the hashes before the broker is ready.
         self.security = SecurityManager(self, self.config)
         self.config = without_plaintext_passwords(self.config)
+        try:
+            self.tls_material, self.tls_contexts = tls.load(self.config)
+        except tls.TlsError as exc:
+            return self._failed(f"configuration error: {exc}", errno.EINVAL, EXIT_CONFIG)
+        for line in tls.summary(self.config, self.tls_material):
+            log.info("%s", line)
+        for line in tls.warnings(self.config, self.tls_material):
+            log.warning("%s", line)
         try:
             self.listeners = self._bind(self._adopt(systemd.listen_fds()))
         except systemd.ActivationError as exc:
@@ -201,15 +215,16 @@ class Supervisor:
 
             wanted.append(("qlite", cfg.bind_for(cfg.qlite.bind), cfg.qlite.port, REFUSAL))
         listeners = []
+        own = {"ndjson": {PER_ADDRESS: b'{"ok":false,"error":"max_connections_per_address"}\n'}}
         for proto, host, port, refusal in wanted:
             if proto in passed:
-                listeners.append(Listener(proto, passed.pop(proto), refusal))
+                listeners.append(Listener(proto, passed.pop(proto), refusal, own.get(proto, {})))
                 section = _SECTIONS[proto]
                 log.info("%s: listening on %s, passed by systemd (%s.bind and %s.port are not used)", proto,
                          listeners[-1].describe(), section, section)
                 continue
             try:
-                listeners.append(Listener(proto, bind(host, port), refusal))
+                listeners.append(Listener(proto, bind(host, port), refusal, own.get(proto, {})))
             except OSError as exc:
                 for lst in listeners:
                     lst.sock.close()
@@ -238,7 +253,7 @@ class Supervisor:
         if self.config.monitoring.enabled:  # while the workers boot: needed only once they are up
             from .monitor import Monitor
         if await self._wait_for_boot():
-            self.acceptor = Acceptor(self.listeners, self._handoff, self._at_capacity)
+            self.acceptor = Acceptor(self.listeners, self._handoff, self.admission.refusal)
             self.acceptor.start()
             if self.config.monitoring.enabled:
                 self.monitor = Monitor(self)
@@ -396,8 +411,8 @@ class Supervisor:
     def _send_args(self, slot: WorkerSlot) -> None:
         loop = asyncio.get_running_loop()
         slot.process.send_args((slot.index, slot.epoch, self.nworkers, self.config, self.runtime_dir,
-                                self.security.worker_state(), self.server_info()), loop.add_writer,
-                               loop.remove_writer)
+                                self.security.worker_state(), self.server_info(), self.tls_material),
+                               loop.add_writer, loop.remove_writer)
 
     def server_info(self) -> dict:
         """What NATS clients are told in INFO (each worker adds the client's own fields)."""
@@ -421,7 +436,13 @@ class Supervisor:
         kind = msg.get("k")
         if kind == "hb":
             slot.last_heartbeat = time.monotonic()
-            slot.live = max(0, slot.live - int(msg.get("closed", 0)))
+        elif kind == "closed":
+            for cid in msg.get("cids", ()):
+                if self.admission.closed(cid) == slot.index:
+                    slot.live = max(0, slot.live - 1)
+        elif kind == "claim":   # a login: may this connection act as that user (limits.max_connections_per_user)?
+            ok = self.admission.claim(int(msg["cid"]), str(msg["user"]))
+            slot.channel.send({"k": "reply", "req": msg.get("req"), "data": {"ok": ok}})
         elif kind == "ready":
             slot.state = "ready"
             slot.last_heartbeat = time.monotonic()
@@ -461,6 +482,7 @@ class Supervisor:
         if slot.channel is not None:
             slot.channel.close()
         self.security.worker_gone(slot.index)
+        self.admission.worker_gone(slot.index)
         if self._stop is not None:
             log.info("worker %d (pid %d) exited: %s", slot.index, slot.pid, how)
             return
@@ -505,7 +527,7 @@ class Supervisor:
                 slot.aborted = now
 
     # -- connections ----------------------------------------------------------------------------------------
-    def _handoff(self, lst: Listener, conn) -> bool:
+    def _handoff(self, lst: Listener, conn, address: str) -> bool:
         ready = [s for s in self.slots if s is not None and s.state == "ready"]
         if not ready:
             return False
@@ -514,14 +536,12 @@ class Supervisor:
         if not slot.channel.send({"k": "conn", "p": lst.protocol, "cid": self._next_cid}, sock=conn):
             return False
         slot.live += 1
+        self.admission.opened(self._next_cid, slot.index, address)
         return True
 
     def live_slots(self) -> list[WorkerSlot]:
         """The workers that are running (booting or ready)."""
         return [s for s in self.slots if s is not None and s.state != "dead"]
-
-    def _at_capacity(self) -> bool:
-        return sum(s.live for s in self.slots if s is not None) >= self.config.limits.max_connections
 
     async def query(self, message: dict, timeout: float = 2.0, slots: list[WorkerSlot] | None = None) -> list[dict]:
         """Ask every ready worker (or ``slots``); a worker that does not answer in time is reported as such."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from . import passwords
+from . import certnames, passwords
 # The configuration owns what a file may say about users (and checks it at load); this module builds on it.
 from .config import SecurityConfig, configured_users
 from .permissions import Permissions
@@ -33,21 +33,45 @@ class User:
     token: bool = False     # NATS clients may present its password as CONNECT auth_token
     # The configuration's, in plaintext: qlite's handshake needs it (docs/qlite.md).  Never in a repr or a log.
     qlite_secret: str | None = field(default=None, repr=False)
+    # The names a client certificate may prove to log in as this user (tls.verify_and_map; cluster.certnames).
+    # A user with these and no password has an empty ``password_hash``: no password logs it in.
+    cert_names: tuple[str, ...] = ()
 
     def entry(self) -> dict:
         entry = {"user": self.name, "hash": self.password_hash, "permissions": self.permissions.strings,
                  "builtin": self.builtin, "token": self.token}
         if self.qlite_secret is not None:
             entry["qlite_secret"] = self.qlite_secret
+        if self.cert_names:
+            entry["cert_names"] = list(self.cert_names)
         return entry
 
 
 class Registry:
     def __init__(self, users: list[User] | None = None) -> None:
         self.users: dict[str, User] = {u.name: u for u in users or []}
+        self._by_cert: dict[tuple[str, str], str] | None = None   # built when first needed, dropped on a change
 
     def get(self, name: str) -> User | None:
         return self.users.get(name)
+
+    def by_certificate(self, peercert: dict | None) -> tuple[User, str] | None:
+        """The user the first name a verified client certificate proves belongs to (in nats-server's order:
+        cluster.certnames), and that name; None if no user holds any of them."""
+        if self._by_cert is None:
+            index: dict[tuple[str, str], str] = {}
+            for user in self.users.values():
+                for name in user.cert_names:
+                    index[("name", name)] = user.name
+                    dn = certnames.canonical_dn(name)
+                    if dn is not None:
+                        index[("dn", dn)] = user.name
+            self._by_cert = index
+        for kind, name in certnames.identities(peercert):
+            owner = self._by_cert.get(("dn" if kind == "dn" else "name", name))
+            if owner is not None and owner in self.users:
+                return self.users[owner], name
+        return None
 
     def snapshot(self) -> list[dict]:
         return [u.entry() for u in self.users.values()]
@@ -78,6 +102,7 @@ class Registry:
     def apply(self, change: dict) -> set[str]:
         """Apply a checked change; -> the names that no longer exist."""
         op = change["op"]
+        self._by_cert = None
         if op == "replace":
             new = {e["user"]: _user(e) for e in change["users"]}
             gone = set(self.users) - set(new)
@@ -100,15 +125,23 @@ class Registry:
 
 def _user(entry: dict) -> User:
     return User(entry["user"], entry["hash"], Permissions(entry["permissions"]), entry.get("builtin", False),
-                entry.get("token", False), entry.get("qlite_secret"))
+                entry.get("token", False), entry.get("qlite_secret"), tuple(entry.get("cert_names", ())))
 
 
 def from_config(security: SecurityConfig) -> Registry:
     """Build the registry, hashing plaintext passwords in parallel.  The config was validated at load."""
     entries = configured_users(security)
     with ThreadPoolExecutor(max_workers=4, thread_name_prefix="hash") as pool:
-        hashes = list(pool.map(
-            lambda e: e[1].password_hash or passwords.hash_password(e[1].password or "", security.iterations),
-            entries))
-    return Registry([User(u.username, h, Permissions(u.permissions), builtin, u.token, u.qlite_secret)
+        hashes = list(pool.map(lambda e: _hash_of(e[1], security.iterations), entries))
+    return Registry([User(u.username, h, Permissions(u.permissions), builtin, u.token, u.qlite_secret,
+                          tuple(u.cert_names))
                      for (_, u, builtin), h in zip(entries, hashes)])
+
+
+def _hash_of(user, iterations: int) -> str:
+    """The user's password hash; empty for a user that logs in by certificate only (no password matches it)."""
+    if user.password_hash:
+        return user.password_hash
+    if not user.password and user.cert_names:
+        return ""
+    return passwords.hash_password(user.password or "", iterations)

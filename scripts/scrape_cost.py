@@ -43,7 +43,8 @@ def main() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     with tempfile.TemporaryDirectory() as tmp:
-        b = Broker(Path(tmp), workers=args.workers, config={"limits": {"max_connections": args.connections + 100}})
+        limits = {"max_connections": args.connections + 100, "handshake_timeout": 3600}   # most send nothing
+        b = Broker(Path(tmp), workers=args.workers, config={"limits": limits})
         b.start()
         socks = []
         try:

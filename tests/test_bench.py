@@ -91,3 +91,20 @@ def test_tiny_queue_bench(tmp_path):
     if peers:
         assert rows["qwork1", "shardbroker/ndjson"]["vs_redis"] > 0 and "goal" in rows["qwork1", "shardbroker/ndjson"]
     assert not servers_left(tag), "the bench left servers running"
+
+
+def test_tiny_bench_with_tls(tmp_path):
+    """--tls: the same broker (and nats-server, when installed) with TLS on the client ports, nothing lost."""
+    env, tag = tagged()
+    peers = "nats" if find_binary("nats-server") else "none"
+    res = subprocess.run(
+        [sys.executable, "-m", "cli", "bench", "-s", "fanout10", "--rounds", "1", "--duration", "0.5", "--tls",
+         "--peers", peers, "--workers", "2", "--out", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = {row["target"]: row for row in json.loads(next(tmp_path.glob("bench-*.json")).read_text())["summary"]}
+    expected = {"shardbroker/nats-tls", "shardbroker/ndjson-tls"} | ({"nats-server-tls"} if peers == "nats" else set())
+    assert expected <= set(rows)
+    for label in expected:
+        assert rows[label]["msgs_per_sec"] > 0 and rows[label]["loss"] == 0, rows[label]
+    assert not servers_left(tag), "the bench left servers running"

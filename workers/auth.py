@@ -8,6 +8,7 @@
 - Addresses the supervisor has blocked (too many failures across all workers) are refused without a check.
 - ``security.no_auth_user`` (nats-server's): a client that presents no credentials at all acts as that user,
   looked up in the registry each time, so a deleted user lets nobody in without credentials until it exists again.
+- ``tls.verify_and_map`` (nats-server's): a verified client certificate names its user (``by_certificate``).
 """
 
 from __future__ import annotations
@@ -49,12 +50,21 @@ class Authenticator:
 
     async def verify(self, name: str, password: str) -> User | None:
         user = self.registry.get(name)
-        stored = user.password_hash if user is not None else self._dummy
+        # A user without a password (it logs in by certificate) is checked like an unknown one: same cost, no.
+        stored = user.password_hash if user is not None and user.password_hash else self._dummy
         ok = await asyncio.get_running_loop().run_in_executor(self._pool, passwords.verify, stored, password)
         # The registry may have changed while the hash was computed: the answer holds for the user as it is now.
         if not ok or user is None or self.registry.get(name) is not user or user.password_hash != stored:
             return None
         return user
+
+    def by_certificate(self, peercert: dict | None) -> User | None:
+        """The user a verified client certificate names (tls.verify_and_map; cluster.certnames), or None.  No
+        password check: the handshake proved the certificate, and the CA vouched for its names."""
+        if not self.enabled:
+            return None
+        found = self.registry.by_certificate(peercert)
+        return found[0] if found is not None else None
 
     async def verify_token(self, token: str) -> User | None:
         """NATS ``auth_token``: the password of one of the token users (configuration ``"token": true``).

@@ -11,10 +11,8 @@ any message on their subject, from any protocol, as chunks and the end marker.
 
 from __future__ import annotations
 
-import time
-
 from . import bridge_codec as codec
-from .connection import PAUSE_SYNC, Connection
+from .connection import Connection
 from .hub import Hub, Subscription
 from .message import KIND_RAW, as_bytes
 
@@ -25,68 +23,68 @@ class BridgeSession(Connection):
 
     def __init__(self, hub: Hub, cid: int) -> None:
         super().__init__(hub, cid)
-        self._buf = b""
+        self._parser = codec.Parser()
         self._publishing: str | None = None   # the subject of the P in progress
         self._data: list[bytes] = []
         self._size = 0
         self._acked = 0                       # bytes of the P stream answered with O
-        self._waiting = False
         self._max = hub.config.bridge.max_publish_bytes
         if hub.auth.enabled:
             self.user = hub.auth.registry.get(hub.config.bridge.user or "")
 
+    def opened(self) -> None:
+        # Bridge cannot authenticate, but a verified client certificate can name its user (tls.verify_and_map).
+        self.user = self.certificate_user() or self.user
+
+    def handshake_timeout(self) -> None:
+        self._fail()
+
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
-        self.last_activity = time.time()
-        if self._publishing is not None:
-            self._stream(data)
-            return
-        self._buf += data
-        if not self._waiting:
-            self._commands()
+        items = self._parser.feed(data)
+        if items:
+            self.process(items)
 
-    def _commands(self) -> None:
-        while len(self._buf) >= codec.COMMAND_SIZE and not self.closed:
-            cmd, topic = self._buf[0], self._buf[1:codec.COMMAND_SIZE]
-            self._buf = self._buf[codec.COMMAND_SIZE:]
-            subject = codec.subject(topic)
-            if cmd == codec.CMD_PUBLISH:
-                if not self._allowed(subject, publish=True):
-                    self._fail()
-                    return
-                self._publishing = subject
-                rest, self._buf = self._buf, b""
-                if rest:
-                    self._stream(rest)
-                return
-            if cmd == codec.CMD_SUBSCRIBE:
-                if not self._allowed(subject, publish=False):
-                    self._fail()
-                    return
-                if subject not in self.subs:
-                    sub = self.subs[subject] = Subscription(self, subject, subject)
-                    if not self.hub.subscribe(sub, self._in_force):
-                        self._waiting = True
-                        self.pause(PAUSE_SYNC)
-                        return
-                self.send(codec.OK)
-            elif cmd == codec.CMD_UNSUBSCRIBE:
-                sub = self.subs.pop(subject, None)
-                if sub is not None:
-                    self.hub.unsubscribe(sub)
-                self.send(codec.OK)
-            else:
+    def execute(self, item: tuple) -> None:
+        """One command, in order; a subscription not yet in force everywhere holds the ones after it."""
+        cmd, arg = item
+        if cmd == codec.DATA:
+            self._stream(arg)
+        elif cmd == codec.CMD_PUBLISH:
+            if not self._allowed(arg, publish=True):
                 self._fail()
                 return
+            self._publishing = arg
+        elif cmd == codec.CMD_SUBSCRIBE:
+            if not self._allowed(arg, publish=False):
+                self._fail()
+                return
+            if arg in self.subs:
+                self.send(codec.OK)
+                return
+            if len(self.subs) >= self.hub.limits.max_subscriptions:
+                self.hub.breach("max_subscriptions")
+                self._fail()
+                return
+            sub = self.subs[arg] = Subscription(self, arg, arg)
+            if self.hub.subscribe(sub, self._in_force):
+                self.send(codec.OK)
+            else:
+                self.suspend()
+        elif cmd == codec.CMD_UNSUBSCRIBE:
+            sub = self.subs.pop(arg, None)
+            if sub is not None:
+                self.hub.unsubscribe(sub)
+            self.send(codec.OK)
+        else:
+            self._fail()
 
     def _in_force(self) -> None:
         if self.closed:
             return
-        self._waiting = False
         self.send(codec.OK)
-        self.resume(PAUSE_SYNC)
-        self._commands()
+        self.resume_held()
 
     def _allowed(self, subject: str, publish: bool) -> bool:
         if not self.hub.auth.enabled:
@@ -108,6 +106,7 @@ class BridgeSession(Connection):
             self.send(codec.OK * full)
             self._acked += full * codec.CHUNK
         if self._size > self._max:
+            self.hub.breach("max_payload")
             self._fail()
             return
         self._data.append(data)

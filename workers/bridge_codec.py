@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 
 CMD_SUBSCRIBE, CMD_UNSUBSCRIBE, CMD_PUBLISH = ord("S"), ord("U"), ord("P")
+DATA, UNKNOWN = -1, -2   # Parser items besides the commands: a piece of a publish stream, a command byte unknown
 COMMAND_SIZE = 8
 CHUNK = 128
 OK, FAIL = b"O", b"F"
@@ -43,3 +44,49 @@ def chunks(data: bytes) -> list[bytes]:
         out.append(len(part).to_bytes(2, "little") + part)
     out.append(END)
     return out
+
+
+class Parser:
+    """What a client sends, as items, however the bytes were split: ``(CMD_SUBSCRIBE, subject)``,
+    ``(CMD_UNSUBSCRIBE, subject)``, ``(CMD_PUBLISH, subject)``, then ``(DATA, bytes)`` for every piece of the
+    stream after a publish (to the client's half-close), or ``(UNKNOWN, byte)`` for a command byte that is none
+    of these: nothing after it is parsed."""
+
+    __slots__ = ("_buf", "_streaming", "_dead")
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._streaming = False
+        self._dead = False
+
+    @property
+    def partial(self) -> bool:
+        """Whether part of a command is buffered."""
+        return bool(self._buf)
+
+    def feed(self, data: bytes) -> list[tuple[int, object]]:
+        if self._dead or not data:
+            return []
+        if self._streaming:
+            return [(DATA, data)]
+        buf = self._buf + data if self._buf else data
+        out: list[tuple[int, object]] = []
+        pos, n = 0, len(buf)
+        while n - pos >= COMMAND_SIZE:
+            cmd = buf[pos]
+            topic = buf[pos + 1:pos + COMMAND_SIZE]
+            pos += COMMAND_SIZE
+            if cmd not in (CMD_SUBSCRIBE, CMD_UNSUBSCRIBE, CMD_PUBLISH):
+                out.append((UNKNOWN, cmd))
+                self._dead = True
+                self._buf = b""
+                return out
+            out.append((cmd, subject(topic)))
+            if cmd == CMD_PUBLISH:
+                self._streaming = True
+                self._buf = b""
+                if pos < n:
+                    out.append((DATA, buf[pos:]))
+                return out
+        self._buf = buf[pos:]
+        return out

@@ -8,6 +8,10 @@ nobody waits for it and the worker's memory stays bounded (by the limit plus one
 Reading is paused, never blocked, for two reasons that may overlap: a request still being completed (a
 subscription reaching the other workers, a password check), and the worker holding its publishers back (fabric
 congestion, or a consumer draining slower than they produce: ``backpressure``).
+
+A connection must complete its first frame (a line, a command, a login frame) within ``limits.handshake_timeout``
+of being adopted, or it is closed with its protocol's words for it (``handshake_timeout``): one that opens and
+sends nothing, or half a line, holds a descriptor and memory for nothing.
 """
 
 from __future__ import annotations
@@ -50,6 +54,10 @@ class Connection(asyncio.Protocol):
     protocol = "?"
     echo = True  # whether this connection receives its own messages (NATS CONNECT echo:false turns it off)
     close_on_eof = True  # a client's half-close ends the session once it is answered (Bridge subscribers stay)
+    # Set by workers.tls before the handshake: over TLS; client certificates required; and they name the user.
+    tls = False
+    tls_verify = False
+    tls_map = False
 
     def __init__(self, hub: "Hub", cid: int) -> None:
         self.hub = hub
@@ -80,6 +88,7 @@ class Connection(asyncio.Protocol):
         # Messages published and delivered, and their payload bytes (headers included for HPUB/HMSG), as
         # nats-server counts them; what went over the wire, framing and replies included, is flushed_total.
         self.msgs_in = self.bytes_in = self.msgs_out = self.bytes_out = 0
+        self._first_frame: asyncio.TimerHandle | None = None   # the handshake deadline, until the first frame
 
     # -- asyncio.Protocol -----------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -92,6 +101,7 @@ class Connection(asyncio.Protocol):
         if peer:
             self.peer = (peer[0], peer[1])
         self.hub.register(self)
+        self._first_frame = self.hub.loop.call_later(self.hub.limits.handshake_timeout, self._first_frame_expired)
         log.debug("cid:%d %s:%d %s connection created", self.cid, self.peer[0], self.peer[1], self.protocol,
                   extra={"cid": self.cid, "peer": f"{self.peer[0]}:{self.peer[1]}", "protocol": self.protocol})
         self.opened()
@@ -99,6 +109,9 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         we_closed = self.closed
         self.closed = True
+        if self._first_frame is not None:
+            self._first_frame.cancel()
+            self._first_frame = None
         self.out = []
         self.hub.unregister(self)
         if log.isEnabledFor(logging.DEBUG):
@@ -118,7 +131,9 @@ class Connection(asyncio.Protocol):
         self.peer_eof = True
         if self.close_on_eof and self.answered():
             self.close()
-        return True  # keep the transport: the replies (or deliveries) still have to go out
+        # keep the transport: the replies (or deliveries) still have to go out.  TLS has no half-close here:
+        # asyncio closes after the client's close_notify whatever this says (and warns if it says True).
+        return not self.tls
 
     def answered(self) -> bool:
         """Whether every request read so far has its reply queued (then a half-closed client can be let go)."""
@@ -126,6 +141,24 @@ class Connection(asyncio.Protocol):
 
     def opened(self) -> None:
         """Hook for sessions that greet their client."""
+
+    def greeted(self) -> None:
+        """The first complete frame has arrived: the handshake deadline is met."""
+        if self._first_frame is not None:
+            self._first_frame.cancel()
+            self._first_frame = None
+
+    def _first_frame_expired(self) -> None:
+        self._first_frame = None
+        if self.closed:
+            return
+        self.hub.breach("handshake_timeout")
+        self.reason = "no complete frame within limits.handshake_timeout"
+        self.handshake_timeout()
+
+    def handshake_timeout(self) -> None:
+        """Hook: the client sent no complete frame in time.  A protocol that has words for it says them first."""
+        self.close()
 
     def lame_duck(self) -> int:
         """Hook: the worker is in lame duck mode and will close this connection soon (workers.lameduck).  A
@@ -142,6 +175,8 @@ class Connection(asyncio.Protocol):
 
     def process(self, items: list) -> None:
         self.last_activity = time.time()
+        if self._first_frame is not None and items:
+            self.greeted()
         if self._held is not None:
             self._held.extend(items)
             if len(self._held) >= _HELD_MAX:
@@ -238,6 +273,10 @@ class Connection(asyncio.Protocol):
         self.last_activity = time.time()
         self.flushed_total += self.out_bytes
         self.out_bytes = 0
+        if self.tls and len(out) > 1:
+            # asyncio's (and uvloop's) TLS encrypts each item alone: a turn's hundred small replies would be a
+            # hundred records.  Joined, they fill 16 KiB records; TLS copies the bytes anyway.
+            out = [b"".join(out)]
         self.transport.writelines(out)
         if self.transport.get_write_buffer_size() > self.max_pending:
             self.hub.slow_consumer(self)
@@ -361,6 +400,12 @@ class Connection(asyncio.Protocol):
                 self.hub.unsubscribe(sub)
         self.hub.subscription_changed()
 
+    def certificate_user(self) -> "User | None":
+        """The user this client's verified certificate names (tls.verify_and_map), or None."""
+        if not self.tls_map or self.transport is None:
+            return None
+        return self.hub.auth.by_certificate(self.transport.get_extra_info("peercert"))
+
     def user_deleted(self) -> None:
         """The connection's user was deleted: it has no business staying connected."""
         self.reason = "user deleted"
@@ -387,4 +432,13 @@ class Connection(asyncio.Protocol):
             "in_msgs": self.msgs_in, "in_bytes": self.bytes_in, "out_msgs": self.msgs_out, "out_bytes": self.bytes_out,
             "out_wire_bytes": self.flushed_total, "last_activity": self.last_activity,
             "name": "", "lang": "", "version": "",
-        }
+        } | (self._tls_info() if self.tls else {})
+
+    def _tls_info(self) -> dict:
+        """nats-server's /connz TLS fields."""
+        ssl_object = self.transport.get_extra_info("ssl_object") if self.transport is not None else None
+        if ssl_object is None:
+            return {}
+        cipher = ssl_object.cipher()
+        return {"tls_version": (ssl_object.version() or "").replace("TLSv", ""),
+                "tls_cipher_suite": cipher[0] if cipher else ""}

@@ -42,6 +42,7 @@ from .backpressure import Backpressure
 from .connection import TURN_BUDGET
 from .message import as_bytes
 from .nats_codec import Outgoing, msg_tail
+from .polls import PER_CONNECTION as _POLLS, PER_WORKER as _POLLS_PER_WORKER, PendingPolls
 from .queues import QueueTable
 from .shardstate import SubjectTable
 from .workqueues.service import CONTROL_KINDS as _QUEUE_KINDS
@@ -66,6 +67,12 @@ _BATCH_BYTES = 64 * 1024
 _INTEREST_ADD, _INTEREST_DEL, _INTEREST_SNAPSHOT = "+", "-", "snap"
 _QUEUE_ADD, _QUEUE_DEL, _QUEUE_SNAPSHOT = "q+", "q-", "qsnap"
 _COUNTERS, _FIN, _SYNC = "cnt", "fin", "sync"
+
+
+# Limits a client of this worker broke (the supervisor counts the connection limits), by the limit's name: /varz
+# "breaches", /metrics shardbroker_limit_breaches.  "max_payload" is the protocol's own: NDJSON's line, NATS'
+# payload, Bridge's publish, qlite's message.
+BREACHES = ("max_subscriptions", "max_payload", "max_control_line", "handshake_timeout", _POLLS, _POLLS_PER_WORKER)
 
 
 async def _no_supervisor(message: dict) -> dict:
@@ -137,6 +144,7 @@ class Hub:
         # Set by the worker process: ask the supervisor (admin changes), report an auth failure.
         self.supervisor_request: Callable[[dict], Awaitable[dict]] = _no_supervisor
         self.auth_failed: Callable[[str], None] = lambda address: None
+        self.report_closed: Callable[[int], None] = lambda cid: None   # tell the supervisor (cluster.admission)
         self.server_info: dict = {}   # what NATS clients are told in INFO, from the supervisor
         self.queue_service: "QueueService | None" = None   # work queues (set by the worker process)
 
@@ -171,7 +179,9 @@ class Hub:
         self.backpressure = Backpressure(self.loop, self._hold_changed)
         self.stall_bytes = max(1024, config.limits.max_pending_bytes // 4)
         self.holding = False                        # either of the two: publishers must wait
-        self.closed_since_report = 0
+        self.polls = PendingPolls(self)
+        self._journal_retry = False
+        self.breaches = dict.fromkeys(BREACHES, 0)
         self.started = time.time()
         self.msgs_in = self.bytes_in = self.msgs_out = self.bytes_out = 0
         self.wire_bytes_out = 0   # of closed connections: everything written, framing and replies included
@@ -193,10 +203,26 @@ class Hub:
         self.backpressure.drained(conn)
         if self.queue_service is not None:
             self.queue_service.connection_closed(conn.cid)
+        self.polls.forget(conn.cid)
         self.msgs_out += conn.msgs_out
         self.bytes_out += conn.bytes_out
         self.wire_bytes_out += conn.flushed_total
-        self.closed_since_report += 1
+        self.report_closed(conn.cid)
+
+    def breach(self, limit: str) -> None:
+        """A client ran into ``limit`` (one of ``BREACHES``); the caller has told it, in its protocol's words."""
+        self.breaches[limit] += 1
+
+    async def claim(self, conn: "Connection", name: str) -> bool:
+        """Whether ``conn``, whose credentials proved it is user ``name``, may act as that user: the supervisor
+        counts every worker's sessions per user (limits.max_connections_per_user).  A supervisor that does not
+        answer lets the login through: a limit must not lock everyone out."""
+        try:
+            reply = await self.supervisor_request({"k": "claim", "cid": conn.cid, "user": name})
+        except Exception as exc:
+            log.warning("no answer from the supervisor about user %r (%s); letting the login through", name, exc)
+            return True
+        return bool(reply.get("ok"))
 
     def slow_consumer(self, conn: "Connection") -> None:
         self.slow_consumers += 1
@@ -539,7 +565,10 @@ class Hub:
         self._flush_scheduled = False
         self.turn_work = 0
         if self.queue_service is not None:
-            self.queue_service.commit()  # journal this turn's queue changes before any reply to them leaves
+            try:
+                self.queue_service.commit()  # journal this turn's queue changes before any reply to them leaves
+            except OSError as exc:
+                self._journal_failed(exc)
         if self.batch is not None:
             self.end_batch()
         if self.fabric is not None:
@@ -547,6 +576,21 @@ class Hub:
         dirty, self._dirty = self._dirty, []
         for conn in dirty:
             conn.flush()
+
+    def _journal_failed(self, exc: OSError) -> None:
+        """The queue journal could not be written (a full disk, an I/O error).  The replies to what it holds wait
+        until a later commit gets it into the file (the journal keeps it, and the file ends on a record boundary),
+        tried again every second; everything else this worker carries (pub/sub, the fabric, other replies) goes on
+        meanwhile instead of stopping with this flush."""
+        log.error("work-queue journal: %s; replies to queue changes wait until it can be written (retrying every "
+                  "second)", exc.strerror or exc)
+        if not self._journal_retry:
+            self._journal_retry = True
+
+            def retry() -> None:
+                self._journal_retry = False
+                self.schedule_flush()
+            self.loop.call_later(1.0, retry)
 
     def flush_now(self) -> None:
         self._flush()
@@ -732,6 +776,8 @@ class Hub:
             "out_bytes": self.bytes_out + sum(c.bytes_out for c in live),
             "out_wire_bytes": self.wire_bytes_out + sum(c.flushed_total for c in live),
             "slow_consumers": self.slow_consumers,
+            "breaches": dict(self.breaches),
+            "pending_polls": self.polls.total,
             "pending_bytes": sum(pending),
             "pending_bytes_max": max(pending, default=0),   # the connection closest to being a slow consumer
             "backpressure_episodes": self.backpressure.episodes,

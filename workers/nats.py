@@ -39,10 +39,17 @@ ERR_STALE = "Stale Connection"
 ERR_INVALID_SUBJECT = "Invalid Subject"
 ERR_INVALID_PUB_SUBJECT = "Invalid Publish Subject"
 ERR_MAX_SUBS = "maximum subscriptions exceeded"
+ERR_MAX_USER_CONNECTIONS = "maximum account active connections exceeded"   # nats-server's, per account
 ERR_PROTOCOL = "invalid client protocol"
 ERR_NO_RESPONDERS = "no responders requires headers support"
 
 _FIRST_PING = 2.0  # nats-server's first RTT ping after CONNECT
+_BREACHES = {codec.ERR_MAX_PAYLOAD: "max_payload", codec.ERR_CONTROL_LINE: "max_control_line"}
+
+
+async def _known(user):
+    """A login whose answer is already known (a certificate's user), taking the password check's path."""
+    return user
 
 
 def _quoted(text: str) -> str:
@@ -77,17 +84,30 @@ class NatsSession(Connection):
         self._last_read = time.monotonic()
         self._ping_timer: asyncio.TimerHandle | None = None
         self._auth_timer: asyncio.TimerHandle | None = None
+        self._greeted = False   # INFO went out before the TLS handshake (tls_greeting)
 
     # -- life cycle -----------------------------------------------------------------------------------------
     def opened(self) -> None:
         if self._secure:
             self._auth_timer = self.hub.loop.call_later(self.hub.auth.config.auth_timeout, self._auth_timeout)
-        self.send(codec.info(orjson.dumps(self._info())))
+        if not self._greeted:
+            self.send(codec.info(orjson.dumps(self._info())))
+
+    def tls_greeting(self, peer: tuple) -> bytes:
+        """The INFO that goes out in plaintext before the TLS handshake (workers.tls, as nats-server does); the
+        session then starts without one."""
+        self.peer = (peer[0], peer[1])
+        self._greeted = True
+        return codec.info(orjson.dumps(self._info()))
 
     def _info(self) -> dict:
         info = dict(self.hub.server_info, client_id=self.cid, client_ip=self.peer[0])
         if self._secure:
             info["auth_required"] = True
+        if self.tls:
+            info["tls_required"] = True
+            if self.tls_verify:
+                info["tls_verify"] = True
         return info
 
     def lame_duck(self) -> int:
@@ -97,6 +117,10 @@ class NatsSession(Connection):
             return 0
         self.send(codec.info(orjson.dumps(self._info() | {"ldm": True})))
         return 1
+
+    def handshake_timeout(self) -> None:
+        # nats-server's words for a CONNECT that did not come in time (it times CONNECT only with auth on)
+        self._fail(ERR_AUTH_TIMEOUT)
 
     def connection_lost(self, exc: Exception | None) -> None:
         for timer in (self._ping_timer, self._auth_timer):
@@ -147,6 +171,8 @@ class NatsSession(Connection):
         elif op == _OP_SEND:
             self._reply(cmd[1])
         elif op == codec.OP_ERR:
+            if cmd[1] in _BREACHES:
+                self.hub.breach(_BREACHES[cmd[1]])
             self._fail(cmd[1])
         # OP_INFO from a client carries nothing we use
 
@@ -239,6 +265,12 @@ class NatsSession(Connection):
         if not self._secure:
             self._connected()
             return
+        mapped = self.certificate_user()
+        if mapped is not None:
+            # nats-server's verify_and_map: the certificate names the user, whatever CONNECT says
+            self.suspend()
+            asyncio.ensure_future(self._authenticate(_known(mapped)))
+            return
         user, password, token = opts.get("user"), opts.get("pass"), opts.get("auth_token")
         if user in (None, "") and password in (None, "") and token in (None, ""):
             # No credentials at all: nats-server's no_auth_user, if configured and existing now.  Credentials
@@ -273,6 +305,11 @@ class NatsSession(Connection):
         if user is None:
             self.hub.auth_failed(self.peer[0])
             self._fail(ERR_AUTH_VIOLATION)
+            return
+        if not await self.hub.claim(self, user.name):
+            self._fail(ERR_MAX_USER_CONNECTIONS)
+            return
+        if self.closed:
             return
         self._authenticated(user)
         self.resume_held()
@@ -371,6 +408,7 @@ class NatsSession(Connection):
                 self.send(codec.OK)
             return
         if len(self.subs) >= self.hub.limits.max_subscriptions:
+            self.hub.breach("max_subscriptions")
             self.send(codec.err(ERR_MAX_SUBS))
             return
         sub = Subscription(self, subject, sid, queue)

@@ -98,7 +98,8 @@ class Parser:
                 pos = end
                 continue
             m = pub_line(buf, pos)
-            if m is not None and m.end() - pos <= max_line + 2:
+            # the line's length without its CRLF (or LF), as the general path below measures it
+            if m is not None and m.end() - pos - (2 if buf[m.end() - 2] == 13 else 1) <= max_line:
                 subject, reply, size = m.groups()
                 nbytes = int(size)
                 if nbytes > self.max_payload:
@@ -116,7 +117,8 @@ class Parser:
                 continue
             nl = buf.find(b"\n", pos)
             if nl < 0:
-                if n - pos > max_line:
+                # a CR at the end may be the CRLF's: the line is too long only without it (split or not, the same)
+                if n - pos - (buf[n - 1] == 13) > max_line:
                     return self._fail(out, (OP_ERR, ERR_CONTROL_LINE))
                 break
             end = nl - 1 if nl > pos and buf[nl - 1] == 13 else nl

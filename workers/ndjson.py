@@ -33,6 +33,7 @@ ERR_INVALID_JSON = codec.error("invalid_json")
 ERR_LINE_TOO_LONG = codec.error("line_too_long")
 ERR_AUTH_TIMEOUT = codec.error("auth_timeout")
 ERR_USER_DELETED = codec.error("user_deleted")
+ERR_HANDSHAKE_TIMEOUT = codec.error("handshake_timeout")
 
 _OPEN_OPS = ("auth", "ping")  # allowed before authentication
 
@@ -84,9 +85,27 @@ class NdjsonSession(Connection):
         if self._secure:
             # security.no_auth_user: a connection starts as that user (an `auth` may still switch identity);
             # without it (or once that user is deleted) it must authenticate within auth_timeout.
-            self.user = self.hub.auth.no_auth_user()
+            # tls.verify_and_map: a verified client certificate names the user, before no_auth_user.
+            mapped = self.certificate_user()
+            self.user = mapped or self.hub.auth.no_auth_user()
             if self.user is None:
                 self._auth_timer = self.hub.loop.call_later(self.hub.auth.config.auth_timeout, self._auth_timeout)
+            elif mapped is not None:   # a login like a password's: it counts towards max_connections_per_user
+                self.suspend()
+                asyncio.ensure_future(self._claim_certificate_user(mapped))
+
+    async def _claim_certificate_user(self, user) -> None:
+        if not await self.hub.claim(self, user.name):
+            if not self.closed:
+                self.send(codec.error("max_connections_per_user"))
+                self.reason = "limits.max_connections_per_user"
+                self.close()
+            return
+        self.resume_held()
+
+    def handshake_timeout(self) -> None:
+        self.send(ERR_HANDSHAKE_TIMEOUT)
+        self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._auth_timer is not None:
@@ -102,6 +121,7 @@ class NdjsonSession(Connection):
 
     def execute(self, line: bytes | None) -> None:
         if line is None:
+            self.hub.breach("max_payload")
             self.send(ERR_LINE_TOO_LONG)
             self.close()
         else:
@@ -189,6 +209,7 @@ class NdjsonSession(Connection):
             self.send(codec.reply(req))
             return
         if len(self.subs) >= self.hub.limits.max_subscriptions:
+            self.hub.breach("max_subscriptions")
             self.send(codec.reply(req, "too_many_subscriptions"))
             return
         sub = Subscription(self, topic, topic)
@@ -255,6 +276,14 @@ class NdjsonSession(Connection):
         if user is None:
             self.hub.auth_failed(self.peer[0])
             self._auth_failed(req, "auth_failed")
+            return None
+        if not await self.hub.claim(self, user.name):
+            if not self.closed:   # nats-server closes too, over an account's connection limit
+                self.send(codec.reply(req, "max_connections_per_user"))
+                self.reason = "limits.max_connections_per_user"
+                self.close()
+            return None
+        if self.closed:
             return None
         self.user = user
         if self._auth_timer is not None:

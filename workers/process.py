@@ -40,6 +40,7 @@ from .hub import Hub
 from .lameduck import LameDuck
 from .looplag import LoopLag
 from .nats import NatsSession
+from .tls import WorkerTls
 from .ndjson import NdjsonSession
 from . import reconfigure, workqueues
 
@@ -52,7 +53,7 @@ SESSIONS = {"ndjson": NdjsonSession, "nats": NatsSession, "bridge": BridgeSessio
 
 
 def main(index: int, epoch: int, workers: int, config: Config, runtime_dir: str, ctl_sock: socket.socket,
-         security_state: tuple[list[dict], str], server_info: dict) -> None:
+         security_state: tuple[list[dict], str], server_info: dict, tls_material: dict | None = None) -> None:
     """Entry point of the spawned process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # A worker whose loop is stuck is sent SIGABRT by the supervisor (and a crash in C code raises one of the
@@ -61,7 +62,7 @@ def main(index: int, epoch: int, workers: int, config: Config, runtime_dir: str,
     _die_with_parent()
     setup_logging(config.logging, f"worker {index}")
     worker = Worker(index, epoch, workers, config, runtime_dir, ctl_sock,
-                    Authenticator(config.security, *security_state), server_info)
+                    Authenticator(config.security, *security_state), server_info, tls_material or {})
     try:
         code = _run(worker.run(), config.workers.event_loop)
     except Exception:
@@ -98,7 +99,8 @@ def _die_with_parent() -> None:
 
 class Worker:
     def __init__(self, index: int, epoch: int, workers: int, config: Config, runtime_dir: str,
-                 ctl_sock: socket.socket, auth: Authenticator, server_info: dict) -> None:
+                 ctl_sock: socket.socket, auth: Authenticator, server_info: dict,
+                 tls_material: dict | None = None) -> None:
         self.index = index
         self.auth = auth
         self.server_info = server_info
@@ -117,6 +119,9 @@ class Worker:
         self._stopping = False
         self.lame_duck: LameDuck | None = None
         self.loop_lag = LoopLag()
+        self._tls_material = tls_material or {}   # the certificates the supervisor read (cluster.tls)
+        self.tls: WorkerTls | None = None
+        self._closed_cids: list[int] = []   # closed in this turn, not yet reported to the supervisor
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -144,10 +149,12 @@ class Worker:
 
     async def _boot(self) -> None:
         cfg = self.config
+        self.tls = WorkerTls(cfg, self._tls_material)
         self.hub = Hub(self.index, self.workers, cfg, self.auth)
         self.hub.server_info = self.server_info
         self.hub.supervisor_request = self._request
         self.hub.auth_failed = lambda address: self.ctl.send({"k": "auth_fail", "ip": address})
+        self.hub.report_closed = self._report_closed
         self.hub.queue_service = workqueues.start(self.index, cfg, self.runtime_dir, self.hub)
         if cfg.qlite.enabled:  # imported only then: a worker's imports are most of its start-up
             from .workqueues.qlite import QliteSession
@@ -169,15 +176,27 @@ class Worker:
                 log.warning("event loop lagged %.2fs behind", lag)
             hub = self.hub
             hub.tick()
-            closed, hub.closed_since_report = hub.closed_since_report, 0
-            self.ctl.send({"k": "hb", "closed": closed, "conns": len(hub.conns)})
+            self.ctl.send({"k": "hb", "conns": len(hub.conns)})
+
+    def _report_closed(self, cid: int) -> None:
+        """Closed connections reach the supervisor's counts (cluster.admission) at the end of the turn they closed
+        in, so that a client at its per-address limit may reconnect at once."""
+        if not self._closed_cids:
+            asyncio.get_running_loop().call_soon(self._send_closed)
+        self._closed_cids.append(cid)
+
+    def _send_closed(self) -> None:
+        cids, self._closed_cids = self._closed_cids, []
+        if cids and self.ctl is not None:
+            self.ctl.send({"k": "closed", "cids": cids})
 
     # -- control --------------------------------------------------------------------------------------------
     def _on_control(self, msg: dict, fds: list[int]) -> None:
         kind = msg.get("k")
         if kind == "conn":
-            if not fds:
-                log.error("connection handoff without a file descriptor")
+            if not fds:   # lost on the way (MSG_CTRUNC: out of descriptors here): the client sees it closed
+                log.error("connection handoff without a file descriptor (out of file descriptors?)")
+                self._report_closed(int(msg.get("cid", 0)))
                 return
             asyncio.ensure_future(self._adopt(msg, fds[0]))
         elif kind == "stop":
@@ -197,7 +216,10 @@ class Worker:
         elif kind == "config":   # a reload (cluster.reload): only keys that may change at run time differ
             self.config = from_document(msg["doc"])
             reconfigure.apply(self.config, self.hub, self.auth)
-            self.ctl.send({"k": "reply", "req": msg["req"], "data": {"worker": self.index, "ok": True}})
+            self._tls_material = msg.get("tls", self._tls_material)
+            error = self.tls.apply(self.config, self._tls_material) if self.tls is not None else None
+            self.ctl.send({"k": "reply", "req": msg["req"], "data": {"worker": self.index, "ok": not error,
+                                                                     "error": error}})
         elif kind == "lameduck":
             self._lame_duck(float(msg["grace"]), float(msg["window"]), int(msg["total"]))
         elif kind == "reply":
@@ -234,23 +256,25 @@ class Worker:
         sock.set_inheritable(False)
         session = SESSIONS.get(msg.get("p"))
         hub = self.hub
+        cid = int(msg["cid"])
         if session is None or self._stopping or hub is None:
             sock.close()
-            if hub is not None:
-                hub.closed_since_report += 1
+            self._report_closed(cid)
             return
-        cid = int(msg["cid"])
         try:
-            await asyncio.get_running_loop().connect_accepted_socket(lambda: session(hub, cid), sock)
+            if not await self.tls.adopt(msg.get("p"), sock, lambda: session(hub, cid)):   # TLS: workers/tls.py
+                self._report_closed(cid)
         except OSError as exc:
             log.debug("could not adopt connection %d: %s", cid, exc)
             sock.close()
-            hub.closed_since_report += 1
+            self._report_closed(cid)
 
     def _stats(self, msg: dict) -> dict:
         hub = self.hub
         data = hub.stats()
         data["pid"] = os.getpid()
+        if self.tls is not None:
+            data.update(self.tls.stats())
         data["loop_lag"] = self.loop_lag.stats()
         what = msg.get("what")
         if what == "conns":

@@ -9,7 +9,8 @@ Phases (one command each, answered when done):
 - ``close``;
 - ``qconnect``, ``qrun``: the same for the work-queue scenarios (``qload``).
 Everything is plain non-blocking sockets under ``selectors``: nothing here competes with the broker for the CPU
-more than it must.
+more than it must.  With ``tls`` (``brokerctl bench --tls``) the sockets are the ssl module's: TLS after NATS'
+plaintext INFO, as nats-server does it, and from the first byte for NDJSON.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import os
 import selectors
 import socket
+import ssl
 import time
 from multiprocessing.connection import Connection
 
@@ -51,10 +53,14 @@ class Generator:
         self.wire = None
         self._info: dict[socket.socket, dict] = {}   # what each NATS connection was told in INFO
         self.queues = QueueLoad()
+        self.tls: ssl.SSLContext | None = None
 
     # -- connect --------------------------------------------------------------------------------------------
-    def connect(self, host: str, port: int, wire: str, pubs: int, subs: int, ids: bool) -> dict:
+    def connect(self, host: str, port: int, wire: str, pubs: int, subs: int, ids: bool,
+                tls: dict | None = None) -> dict:
+        """``tls``: ``{"ca": PEM file}`` to connect with TLS, verifying the server's certificate with it."""
         self.wire = WIRES[wire]
+        self.tls = ssl.create_default_context(cafile=tls["ca"]) if tls else None
         self.pubs = [self._open(host, port) for _ in range(pubs)]
         self.subs = [self._open(host, port) for _ in range(subs)]
         out = {"pubs": [], "subs": []}
@@ -66,11 +72,16 @@ class Generator:
     def _open(self, host: str, port: int) -> socket.socket:
         sock = socket.create_connection((host, port), timeout=30)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        info = None
         if self.wire.greeting:
             line = _read_until(sock, b"\n")
             if not line.startswith(self.wire.greeting):
                 raise RuntimeError(f"unexpected greeting {line[:60]!r}")
-            self._info[sock] = orjson.loads(line[len(self.wire.greeting):].strip())
+            info = orjson.loads(line[len(self.wire.greeting):].strip())
+        if self.tls is not None:
+            sock = self.tls.wrap_socket(sock, server_hostname=host)
+        if info is not None:
+            self._info[sock] = info
         hello = self.wire.hello()
         if hello:
             sock.sendall(hello)
@@ -170,7 +181,10 @@ class Generator:
                 if mask & selectors.EVENT_READ:
                     try:
                         data = sock.recv(1 << 20)
-                    except (BlockingIOError, InterruptedError):
+                        while data and self.tls is not None and sock.pending():
+                            # TLS: one record per recv; what is decrypted already is no longer in select's sight
+                            data += sock.recv(1 << 20)
+                    except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
                         data = None
                     except OSError:
                         data = b""
@@ -199,7 +213,7 @@ class Generator:
                         continue
                     try:
                         n = sock.send(out)
-                    except (BlockingIOError, InterruptedError):
+                    except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
                         continue
                     except OSError:
                         sel.unregister(sock)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -33,6 +34,7 @@ class Target:
     wire: str       # which protocol
     pubsub: bool = True     # runs the pub/sub scenarios
     queues: bool = False    # runs the work-queue scenarios
+    tls: bool = False       # clients connect with TLS (--tls); not in the connection-scale scenario
 
 
 ALL_TARGETS = [
@@ -41,8 +43,12 @@ ALL_TARGETS = [
     Target("shardbroker/ndjson-nojournal", "shardbroker-nojournal", "ndjson", pubsub=False, queues=True),
     Target("nats-server", "nats-server", "nats"),
     Target("redis", "redis", "redis", queues=True),
+    # --tls: the same broker with TLS on its NATS and NDJSON ports, and nats-server with TLS (the cost of TLS)
+    Target("shardbroker/nats-tls", "shardbroker-tls", "nats", tls=True),
+    Target("shardbroker/ndjson-tls", "shardbroker-tls", "ndjson", tls=True),
+    Target("nats-server-tls", "nats-server-tls", "nats", tls=True),
 ]
-OURS = ("shardbroker", "shardbroker-nojournal")
+OURS = ("shardbroker", "shardbroker-nojournal", "shardbroker-tls")
 QUEUE_RATE = 2000.0     # pushes per second in ``qlatency`` (Options.qrate)
 
 
@@ -125,6 +131,7 @@ class Options:
     rate: float = 20000.0
     connections: int = 10000
     qrate: float = QUEUE_RATE
+    tls: bool = False       # also the TLS targets
 
 
 @dataclass
@@ -153,7 +160,8 @@ class Bench:
                 order = targets[rnd % len(targets):] + targets[:rnd % len(targets)]
                 for sc in chosen:
                     for target in order:
-                        if not (target.queues if sc.queue else target.pubsub):
+                        if not (target.queues if sc.queue else target.pubsub) or \
+                                (target.tls and sc.kind == "connections"):
                             continue
                         self.log(f"round {rnd + 1}/{self.opts.rounds}: {sc.title} on {target.label}")
                         res = self._run_one(sc, target, [p for _, p in pool])
@@ -170,6 +178,8 @@ class Bench:
                     proc.kill()
             for server in self.servers.values():
                 server.stop()
+            if self.opts.tls and hasattr(self, "_pem"):
+                shutil.rmtree(os.path.dirname(self._pem["cert"]), ignore_errors=True)
         return self.report(chosen, targets)
 
     def generator_check(self) -> list[dict]:
@@ -219,6 +229,19 @@ class Bench:
                 self.servers["shardbroker-nojournal"] = servers.start_broker(self.opts.workers, config=fh.name)
             finally:
                 os.unlink(fh.name)
+        if self.opts.tls:
+            self._pem = servers.make_certificate(tempfile.mkdtemp(prefix="bench-tls-"))
+            with tempfile.NamedTemporaryFile("w", prefix="bench-tls-", suffix=".json", delete=False) as fh:
+                json.dump({"tls": {"cert": self._pem["cert"], "key": self._pem["key"]}, "network": {"tls": True},
+                           "nats": {"tls": True}}, fh)
+            try:
+                self.servers["shardbroker-tls"] = servers.start_broker(self.opts.workers, config=fh.name)
+            finally:
+                os.unlink(fh.name)
+            if "nats" in self.opts.peers:
+                server = servers.start_nats_tls(self._pem)
+                if server is not None:
+                    self.servers[server.name] = server
         starters = {"nats": servers.start_nats, "redis": servers.start_redis}
         for peer in self.opts.peers:
             server = starters[peer]()
@@ -246,8 +269,9 @@ class Bench:
         for g, n in zip(sub_gens, _spread(sc.subs, len(sub_gens))):
             plan.setdefault(id(g), [g, 0, 0])[2] = n
         ours = target.server == "shardbroker"
+        tls = {"ca": self._pem["ca"]} if target.tls else None
         ids = _ask(plan, lambda gid, p, s: {"op": "connect", "host": "127.0.0.1", "port": port, "wire": target.wire,
-                                           "pubs": p, "subs": s, "ids": ours and sc.distinct})
+                                           "pubs": p, "subs": s, "ids": ours and sc.distinct, "tls": tls})
         pub_subjects, sub_subjects = self._subjects(sc, server, plan, ids)
         _ask(plan, lambda gid, p, s: {"op": "subscribe", "subjects": [[x] for x in sub_subjects[gid]]})
         start = time.monotonic() + 0.3

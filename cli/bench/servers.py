@@ -142,6 +142,29 @@ def start_nats() -> Server | None:
     return Server("nats-server", version_of([binary, "--version"]), {"nats": port}, proc)
 
 
+def make_certificate(directory: str) -> dict[str, str]:
+    """A self-signed certificate for 127.0.0.1 (P-256), made with the openssl command, for the TLS targets:
+    {"cert", "key", "ca"} (the certificate is its own CA)."""
+    cert, key = os.path.join(directory, "bench.pem"), os.path.join(directory, "bench.key")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-days", "2", "-subj", "/CN=shardbroker bench", "-keyout", key, "-out", cert,
+                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"], check=True, capture_output=True)
+    return {"cert": cert, "key": key, "ca": cert}
+
+
+def start_nats_tls(pem: dict[str, str]) -> Server | None:
+    """nats-server with TLS on its client port (INFO in plaintext, then the handshake)."""
+    binary = find_binary("nats-server")
+    if binary is None:
+        return None
+    port = free_port()
+    proc = subprocess.Popen([binary, "-a", "127.0.0.1", "-p", str(port), "--tls", "--tlscert", pem["cert"],
+                             "--tlskey", pem["key"]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    wait_port(port)
+    return Server("nats-server-tls", version_of([binary, "--version"]), {"nats": port}, proc)
+
+
 def start_redis() -> Server | None:
     binary = find_binary("redis-server")
     if binary is None:

@@ -141,7 +141,7 @@ class Progress:
 
 
 def _varz(monitor: str | None) -> str:
-    if not monitor:
+    if not monitor or not monitor.startswith(("http://", "https://")):   # never file: or another scheme
         return ""
     try:
         with urllib.request.urlopen(f"{monitor.rstrip('/')}/varz", timeout=3) as r:
