@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 import click
@@ -68,7 +69,25 @@ def recv(count: int, wait_ms: int, visibility_ms: int | None, ack: bool, name: s
         sys.exit(3)  # nothing to do: scripts can tell an empty queue from an error (1)
 
 
-@queue.command()
+class _ReceiptsCommand(click.Command):
+    """A receipt is 22 base64url characters and begins with '-' once in 64, which click would read as an option:
+    a 22-character word of that alphabet that names no option is taken as a receipt wherever it stands."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        names = {n for p in self.get_params(ctx) for n in getattr(p, "opts", []) + getattr(p, "secondary_opts", [])}
+        end = args.index("--") if "--" in args else len(args)
+        # Hidden behind a NUL (no option starts with one) while click parses, so each keeps its place.
+        args = ["\0" + a if i < end and a.startswith("-") and _RECEIPT.match(a) and a not in names else a
+                for i, a in enumerate(args)]
+        rest = super().parse_args(ctx, args)
+        ctx.params["receipts"] = tuple(r.removeprefix("\0") for r in ctx.params.get("receipts", ()))
+        return rest
+
+
+_RECEIPT = re.compile(r"^[A-Za-z0-9_-]{22}$")
+
+
+@queue.command(cls=_ReceiptsCommand)
 @connection_options
 @click.argument("name")
 @click.argument("receipts", nargs=-1, required=True)

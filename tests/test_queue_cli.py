@@ -42,3 +42,14 @@ print(c.request("qnack", queue="cli.jobs", receipt="{got[1]['receipt']}")["state
     assert brokerctl(broker, "recv", "--ack", "cli.jobs").returncode == 0
     brokerctl(broker, "push", "cli.jobs", "x")
     assert brokerctl(broker, "purge", "--yes", "cli.jobs").stdout.strip() == "purged 1"
+
+
+def test_a_receipt_that_begins_with_a_dash_is_a_receipt(start_broker):
+    """Receipts are base64url: one in 64 begins with '-', which must not be read as an option."""
+    broker = start_broker(workers=1)
+    brokerctl(broker, "push", "cli.jobs", "x")
+    done = brokerctl(broker, "ack", "cli.jobs", "-lz3V1TqAbCdEfGhIjKlMn", "ok-not-a-receipt", "--", "-x",
+                     check=False)
+    assert done.returncode == 1, done.stderr
+    assert done.stdout.splitlines() == ["-lz3V1TqAbCdEfGhIjKlMn unknown_receipt", "ok-not-a-receipt invalid_receipt",
+                                        "-x invalid_receipt"]
