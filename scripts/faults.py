@@ -35,25 +35,10 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from harness import Broker, Raw  # noqa: E402
+from harness import Broker, Raw, on_worker  # noqa: E402
 
 
 # -- clients ---------------------------------------------------------------------------------------------------
-def on_worker(port: int, worker: int, tries: int = 64) -> Raw:
-    """A connection that landed on ``worker`` (the supervisor hands each to the least-loaded one)."""
-    spare = []
-    try:
-        for _ in range(tries):
-            conn = Raw(port)
-            if conn.request({"op": "info"})["info"]["worker"] == worker:
-                return conn
-            spare.append(conn)
-        raise RuntimeError(f"no connection landed on worker {worker}")
-    finally:
-        for conn in spare:
-            conn.close()
-
-
 class Stream:
     """A publisher on one worker sending numbered messages to a subject at a steady rate, and subscribers on
     other workers counting what they get: gaps and repeats are losses and duplicates."""
@@ -61,10 +46,10 @@ class Stream:
     def __init__(self, port: int, subject: str, pub_worker: int, sub_workers: list[int], rate: float) -> None:
         self.subject = subject
         self.rate = rate
-        self.subs = {w: on_worker(port, w) for w in sub_workers}
+        self.subs = {w: on_worker(port, w, tries=64) for w in sub_workers}
         for conn in self.subs.values():
             assert conn.request({"op": "sub", "topic": subject}) == {"ok": True}
-        self.pub = on_worker(port, pub_worker)
+        self.pub = on_worker(port, pub_worker, tries=64)
         self.sent = 0
         self.errors: list[str] = []
         self.got = {w: [] for w in sub_workers}

@@ -265,3 +265,22 @@ class Raw:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def on_worker(port: int, worker: int, user: str | None = None, password: str | None = None,
+              tries: int = 32) -> Raw:
+    """A connection that landed on ``worker`` (the acceptor balances by live connections), logged in as ``user``
+    if given (``info`` needs authentication then, so each try logs in)."""
+    others = []
+    try:
+        for _ in range(tries):
+            conn = Raw(port)
+            if user is not None:
+                assert conn.request({"op": "auth", "user": user, "pass": password}) == {"ok": True}
+            if conn.request({"op": "info"})["info"]["worker"] == worker:
+                return conn
+            others.append(conn)
+        raise AssertionError(f"no connection landed on worker {worker}")
+    finally:
+        for conn in others:
+            conn.close()

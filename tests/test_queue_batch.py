@@ -7,7 +7,8 @@ import os
 import signal
 
 from cli.client import AsyncClient, BrokerError, QueueMessageSpec
-from test_queues import cross, on_worker, owned_by, push, recv, req, stat, wait_for
+from harness import on_worker
+from test_queues import cross, owned_by, push, recv, req, stat, wait_for
 
 
 def pushm(conn, queue, messages, **fields) -> dict:

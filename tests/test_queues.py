@@ -8,7 +8,7 @@ import time
 import zlib
 
 
-from harness import Raw
+from harness import Raw, on_worker
 
 WORKERS = 2
 
@@ -20,24 +20,6 @@ def owned_by(worker: int, prefix: str) -> str:
         if zlib.crc32(name.encode()) % WORKERS == worker:
             return name
     raise AssertionError("unreachable")
-
-
-def on_worker(port: int, worker: int, user: str | None = None, password: str | None = None) -> Raw:
-    """A connection that landed on ``worker`` (the acceptor balances by live connections), logged in as ``user``
-    if given (``info`` needs authentication then, so each try logs in)."""
-    others = []
-    try:
-        for _ in range(32):
-            conn = Raw(port)
-            if user is not None:
-                assert req(conn, "auth", user=user, **{"pass": password}) == {"ok": True}
-            if conn.request({"op": "info"})["info"]["worker"] == worker:
-                return conn
-            others.append(conn)
-        raise AssertionError(f"no connection landed on worker {worker}")
-    finally:
-        for conn in others:
-            conn.close()
 
 
 def cross(broker, prefix: str, client_worker: int = 0) -> tuple[Raw, str]:
