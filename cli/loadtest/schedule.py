@@ -6,6 +6,7 @@ generator stalls, the schedule runs on and the backlog shows in the numbers inst
 
 from __future__ import annotations
 
+import math
 import random
 
 
@@ -26,28 +27,42 @@ class Schedule:
             self._bounds.append((at, rate * share / 1e9))
         self.end = at
         self._rng = random.Random(seed) if poisson else None
-        self._stage = 0
-        self.next: float | None = t0
-        self._skip_idle()
+        self._stage = -1
+        self.next: float | None = None
+        self._enter(0, t0)
 
-    def _skip_idle(self) -> None:
-        while self._stage < len(self._bounds) and self._bounds[self._stage][1] <= 0:
-            self.next = self._bounds[self._stage][0]
-            self._stage += 1
-        if self._stage >= len(self._bounds):
+    def _enter(self, stage: int, at: float) -> None:
+        """Moves to ``stage`` (skipping idle ones), whose first arrival is at ``at``, its start."""
+        while stage < len(self._bounds) and self._bounds[stage][1] <= 0:
+            at = self._bounds[stage][0]
+            stage += 1
+        self._stage = stage
+        if stage >= len(self._bounds):
             self.next = None
+            return
+        end, per_ns = self._bounds[stage]
+        # Uniform times are stage start + k / rate, never a running sum: summed gaps drift by rounding, and a drift
+        # of a few ns at the boundary adds or drops one send per stage (the plan's count must be exact).
+        self._stage_start, self._k = at, 0
+        self._uniform_n = max(1, math.ceil((end - at) * per_ns - 1e-6))
+        self.next = at
 
     def pop(self) -> int:
         """The current intended time; moves to the next one (``next`` is None once the schedule is over)."""
         t = self.next
         end, per_ns = self._bounds[self._stage]
-        nxt = t + (self._rng.expovariate(per_ns) if self._rng else 1.0 / per_ns)
-        if nxt >= end:
-            self._stage += 1
-            self.next = end
-            self._skip_idle()
+        if self._rng:
+            nxt = t + self._rng.expovariate(per_ns)
+            if nxt >= end:
+                self._enter(self._stage + 1, end)
+            else:
+                self.next = nxt
         else:
-            self.next = nxt
+            self._k += 1
+            if self._k >= self._uniform_n:
+                self._enter(self._stage + 1, end)
+            else:
+                self.next = self._stage_start + self._k / per_ns
         return int(t)
 
     def due(self, now: int, limit: int) -> list[int]:
