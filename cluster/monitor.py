@@ -210,6 +210,7 @@ class Monitor:
             "leafnodes": 0,
             "start": _iso(sup.started),
             "state": sup.state,                    # starting, ready, reloading, lame duck, stopping
+            "hot_path": ",".join(sorted({r.get("hot_path", "") for r in ok})),   # compiled or pure (speedups)
             "config_load_time": _iso(cfg.loaded or sup.started),   # as nats-server: the last reload that applied
             "config_digest": cfg.digest or "",                     # sha256 of that file (`sha256sum FILE`)
             "now": _iso(now),

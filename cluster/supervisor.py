@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from workers import speedups
+
 from . import control, runtime, systemd, tls
 from .acceptor import Acceptor, Listener, bind
 from .admission import PER_ADDRESS, Admission
@@ -313,7 +315,10 @@ class Supervisor:
         if self.monitor is not None:
             parts.append(f"monitoring={self.monitor.describe()}")
         pids = ",".join(str(s.pid) for s in self.slots if s)
-        log.info("ready: %s workers=%d pids=%s version=%s", " ".join(parts), self.nworkers, pids, self._version)
+        if speedups.IMPLEMENTATION != "compiled":
+            log.warning("%s: every message costs more CPU", speedups.describe())
+        log.info("ready: %s workers=%d pids=%s version=%s hot_path=%s", " ".join(parts), self.nworkers, pids,
+                 self._version, speedups.IMPLEMENTATION)
         self.state = "ready"
         self.notifier.send(READY=1, MAINPID=os.getpid(),
                            STATUS=f"ready: {self.nworkers} workers, {' '.join(parts)}")

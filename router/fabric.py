@@ -217,8 +217,9 @@ class Fabric:
                 frame = frames.encode(dst, self.index, self.epoch, link.out_seq, link.out_msg_count,
                                       link.processed, max(0, link.in_epoch), chunk, ctrl)
                 ctrl = []
-                link.out_msg_count += len(chunk)
-                link.messages_out += len(chunk)
+                count = frames.count(chunk)
+                link.out_msg_count += count
+                link.messages_out += count
                 link.frames_out += 1
                 link.inflight_bytes += len(frame)
                 link.inflight.append((link.out_seq, len(frame)))
@@ -324,10 +325,11 @@ class Fabric:
             link.lost_messages += lost_msgs
             log.error("fabric link %d->%d lost %d frame(s), %d message(s)", src, self.index, lost, lost_msgs)
         link.in_seq = seq
-        link.in_msg_count = msgs_before + len(messages)
+        count = frames.count(messages)
+        link.in_msg_count = msgs_before + count
         link.unfinished.append(seq)
         link.frames_in += 1
-        link.messages_in += len(messages)
+        link.messages_in += count
         for item in control:
             kind = item[0]
             if kind == HELLO:

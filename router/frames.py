@@ -14,8 +14,8 @@ A frame is one ZeroMQ message:
   dst those frames came from: a worker that has just replaced a dead one must not take acks meant for its
   predecessor as proof that its own frames arrive.  Ack-only frames carry seq 0 and no body; they are not part of
   the sequence (losing one is harmless, the next ack covers it).
-- ``body`` is ``marshal`` of ``(messages, control)``: messages are ``(subject, kind, payload, reply, headers)``
-  tuples; control is a list of small tuples (interest changes, hello, counters).  marshal is C-fast and only builds
+- ``body`` is ``marshal`` of ``(messages, control)``: messages are ``(subject, kind, payload, reply, headers,
+  extra)`` tuples, where ``payload`` may be a list of payloads (a run of messages to one subject, without headers); control is a list of small tuples (interest changes, hello, counters).  marshal is C-fast and only builds
   plain values; it is not safe for untrusted input, which is why the fabric lives in a private 0700 directory and
   only the broker's own workers ever write to it.
 """
@@ -29,7 +29,12 @@ _HEADER = struct.Struct("!HHIQQQI")
 HEADER_SIZE = _HEADER.size
 _PREFIX = struct.Struct("!H")
 
-Message = tuple  # (subject: str, kind: int, payload: bytes, reply: str | None, headers: bytes | None)
+Message = tuple  # (subject: str, kind: int, payload: bytes | list[bytes], reply: str | None, headers, extra)
+
+
+def count(messages: list) -> int:
+    """How many messages ``messages`` holds, a run counting as its payloads (what the link's counters count)."""
+    return len(messages) + sum([len(m[2]) - 1 for m in messages if type(m[2]) is list])
 
 
 def prefix(dst: int) -> bytes:

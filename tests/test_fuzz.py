@@ -94,10 +94,15 @@ NATS_PIECES = [b"PUB foo 5\r\nhello\r\n", b"pub foo.bar reply.x 3\r\nabc\r\n", b
 
 
 def _nats(chunks: list[bytes], max_line: int, max_payload: int) -> list:
+    """The parser's commands, a run of PUBs counted as its PUBs (how a stream is cut into reads decides the runs)."""
     parser = nats_codec.Parser(max_line, max_payload)
     out = []
     for chunk in chunks:
-        out.extend(parser.feed(chunk))
+        for cmd in parser.feed(chunk):
+            if cmd[0] == nats_codec.OP_PUBS:
+                out.extend((nats_codec.OP_PUB, cmd[1], cmd[2], None, payload) for payload in cmd[3])
+            else:
+                out.append(cmd)
     return out
 
 

@@ -89,6 +89,7 @@ class Connection(asyncio.Protocol):
         # nats-server counts them; what went over the wire, framing and replies included, is flushed_total.
         self.msgs_in = self.bytes_in = self.msgs_out = self.bytes_out = 0
         self._first_frame: asyncio.TimerHandle | None = None   # the handshake deadline, until the first frame
+        self.leftover = None   # set by ``execute``: the rest of an item (a run of publishes) for the next turn
 
     # -- asyncio.Protocol -----------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -196,10 +197,13 @@ class Connection(asyncio.Protocol):
                 return
             if self.closed:
                 return
-            if hub.turn_work >= TURN_BUDGET or hub.holding:
+            if hub.turn_work >= TURN_BUDGET or hub.holding or self.leftover is not None:
                 # The turn has done its share, or the worker holds publishers back: the rest of this read waits
                 # (for the next turn, or for the hold to end: see release).
                 rest = list(it)
+                if self.leftover is not None:   # the part of a run the turn had no room for goes first
+                    rest.insert(0, self.leftover)
+                    self.leftover = None
                 if rest:
                     self.suspend(rest)
                     self._yielded = True

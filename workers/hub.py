@@ -37,14 +37,15 @@ from router.fabric import Fabric
 from router.subjects import is_literal
 from router.sublist import Sublist
 
-from . import ndjson_codec
+from . import ndjson_codec, speedups
 from .backpressure import Backpressure
 from .connection import TURN_BUDGET
-from .message import as_bytes
+from .message import KIND_RAW, as_bytes
 from .nats_codec import Outgoing, msg_tail
 from .polls import PER_CONNECTION as _POLLS, PER_WORKER as _POLLS_PER_WORKER, PendingPolls
 from .queues import QueueTable
 from .shardstate import SubjectTable
+from .speedups import msg_tails
 from .workqueues.service import CONTROL_KINDS as _QUEUE_KINDS
 
 if TYPE_CHECKING:
@@ -378,6 +379,53 @@ class Hub:
             return True
         return delivered > 0
 
+    def run_room(self, route: Route, n: int) -> int:
+        """How many of a run of ``n`` messages to ``route`` fit in what is left of this turn's budget (at least
+        one, so that every turn makes progress)."""
+        room = (TURN_BUDGET - self.turn_work) // (route.fanout + 1)
+        return n if room >= n else max(1, room)
+
+    def publish_run(self, route: Route, kind: int, payloads: list[bytes], nbytes: int, reply: str | None,
+                    origin: "Connection") -> bool:
+        """``publish`` for a run of messages without headers to one route (``nbytes``: their payload bytes), in one
+        call: one batch extension here, one fabric message per worker concerned.  Queue groups pick a member per
+        message, so a route with queue groups takes the messages one at a time."""
+        if route.queued:
+            published = False
+            for payload in payloads:
+                published = self.publish(self._current(route), kind, payload, reply, None, origin) or published
+            return published
+        n = len(payloads)
+        self.msgs_in += n
+        self.bytes_in += nbytes
+        self.turn_work += n
+        if not route.msgs:
+            self._counted.append(route)
+        route.msgs += n
+        route.bytes += nbytes
+        delivered = self._deliver_run(route, kind, payloads, reply, origin) if route.local else 0
+        if route.remote:
+            self.fabric.send_to(route.remote, (route.subject, kind, payloads, reply, None, None))
+            origin.crossed = True
+            self.schedule_flush()
+            return True
+        return delivered > 0
+
+    def _deliver_run(self, route: Route, kind: int, payloads: list[bytes], reply: str | None,
+                     origin: "Connection | None") -> int:
+        """``_deliver`` for a run of messages without headers; -> how many deliveries."""
+        members = route.members
+        if members is not None and (origin is None or origin.echo or origin not in members):
+            return self._batch_add_run(route, kind, payloads, reply)
+        deliver, current = self._deliver, self._current
+        return sum([deliver(current(route), kind, payload, reply, None, origin) for payload in payloads])
+
+    def _current(self, route: Route) -> Route:
+        """``route`` as of now: a delivery (an UNSUB limit reached) may have changed the tries mid-run."""
+        if self.routes.get(route.subject) is route:
+            return route
+        return self.routes.get(route.subject) or self.route_for(route.subject)
+
     def _deliver(self, route: Route, kind: int, payload: bytes, reply: str | None, headers: bytes | None,
                  origin: "Connection | None") -> int:
         """To this worker's plain subscribers; -> how many deliveries."""
@@ -444,6 +492,37 @@ class Hub:
         self.turn_work += count
         # Bound what one batch turns into: deliveries (a NATS subscriber gets its own copy) and bytes.
         if route.batched * count >= _BATCH_DELIVERIES or route.batched_bytes >= _BATCH_BYTES:
+            self.end_batch()
+        return count
+
+    def _batch_add_run(self, route: Route, kind: int, payloads: list[bytes], reply: str | None) -> int:
+        """``_batch_add`` for a run: the encodings of all its messages made in one call per protocol."""
+        if route is not self.batch:
+            if self.batch is not None:
+                self.end_batch()
+            self.batch = route
+            self.schedule_flush()
+        n = len(payloads)
+        size = 0
+        if route.ndjson:
+            prefix = route.prefix
+            lines = [ndjson_codec.delivery(prefix, kind, payload, reply, None) for payload in payloads]
+            route.lines += lines
+            size = sum(map(len, lines))
+        if route.nats:
+            tails = msg_tails(payloads if kind == KIND_RAW else [as_bytes(kind, p) for p in payloads],
+                              reply.encode() if reply else None)
+            route.tails += tails
+            size += sum(map(len, tails))
+        for conn in route.others:
+            for payload in payloads:
+                conn.deliver_message(route.subject, kind, payload, reply, None)
+        route.batched += n
+        route.batched_bytes += size
+        route.batched_payload += sum(map(len, payloads))
+        count = route.fanout * n
+        self.turn_work += count
+        if route.batched * route.fanout >= _BATCH_DELIVERIES or route.batched_bytes >= _BATCH_BYTES:
             self.end_batch()
         return count
 
@@ -536,6 +615,14 @@ class Hub:
                 route = self.routes.get(subject)
                 if route is None:
                     route = self.route_for(subject)
+                if type(payload) is list:   # a run (publish_run): as much of it as the turn has room for
+                    take = self.run_room(route, len(payload))
+                    if take < len(payload):
+                        i -= 1
+                        messages[i] = (subject, kind, payload[take:], reply, headers, extra)
+                        payload = payload[:take]
+                    self._deliver_run(route, kind, payload, reply, None)
+                    continue
                 self._deliver(route, kind, payload, reply, headers, None)
                 if extra is not None and route.queued and self._dispatch_queues(route, kind, payload, reply,
                                                                                 headers, extra):
@@ -763,6 +850,7 @@ class Hub:
         pending = [c.pending_bytes for c in live]
         return {
             "worker": self.index,
+            "hot_path": speedups.IMPLEMENTATION,
             "connections": len(self.conns),
             "total_connections": self.total_connections,
             "subscriptions": len(self.local) + len(self.queues.local),

@@ -12,15 +12,18 @@ The parser follows nats-server's (server/parser.go) where clients can tell the d
 A payload is sliced out of the buffer by its declared size, never scanned.  Large payloads that span many reads are
 gathered in a list and joined once, so no read copies what came before it.
 
-``feed`` returns commands as tuples, in order.  After an ``ERR`` command nothing more is parsed: the session sends
+``feed`` returns commands as tuples, in order.  Consecutive complete PUBs to one subject (and reply) in one read
+come as one ``(OP_PUBS, subject, reply, payloads)``: the hot path routes and batches a run in one call
+(``workers.speedups.scan_pubs`` reads it, compiled where built); a PUB whose payload spans reads, and HPUB, come
+as ``(OP_PUB, subject, reply, headers, payload)``.  After an ``ERR`` command nothing more is parsed: the session sends
 the text (if any) and closes.
 """
 
 from __future__ import annotations
 
-import re
+from .speedups import scan_pubs
 
-OP_PUB, OP_SUB, OP_UNSUB, OP_PING, OP_PONG, OP_CONNECT, OP_INFO, OP_ERR = range(8)
+OP_PUB, OP_SUB, OP_UNSUB, OP_PING, OP_PONG, OP_CONNECT, OP_INFO, OP_ERR, OP_PUBS = range(9)
 
 ERR_UNKNOWN_OP = "Unknown Protocol Operation"
 ERR_CONTROL_LINE = "maximum control line exceeded"
@@ -34,10 +37,6 @@ OK = b"+OK\r\n"
 # (ERR, None): close without a word, as nats-server does for argument errors.
 _PROTOCOL_VIOLATION = (OP_ERR, None)
 
-# The common case in one C call: a well-formed PUB control line (verb in any case, CRLF or LF).  Anything it does
-# not match (other verbs, errors, over-long lines) takes the general path.
-_PUB_LINE = re.compile(rb"(?i:pub)[ \t]+([^ \t\r\n]+)[ \t]+(?:([^ \t\r\n]+)[ \t]+)?(\d{1,12})[ \t]*\r?\n")
-
 
 def err(text: str) -> bytes:
     return b"-ERR '" + text.encode() + b"'\r\n"
@@ -49,9 +48,10 @@ def info(fields: bytes) -> bytes:
 
 
 class Parser:
-    __slots__ = ("max_control_line", "max_payload", "_buf", "_chunks", "_have", "_want", "_pending", "_dead")
+    __slots__ = ("max_control_line", "max_payload", "_buf", "_chunks", "_have", "_want", "_pending", "_dead", "_scan")
 
-    def __init__(self, max_control_line: int, max_payload: int) -> None:
+    def __init__(self, max_control_line: int, max_payload: int, scan=None) -> None:
+        self._scan = scan or scan_pubs   # tests pass each implementation in turn (workers.speedups)
         self.max_control_line = max_control_line
         self.max_payload = max_payload
         self._buf = b""
@@ -74,8 +74,8 @@ class Parser:
             self._chunks = []
         buf = self._buf + data if self._buf else data
         pos, n = 0, len(buf)
-        max_line = self.max_control_line
-        pub_line = _PUB_LINE.match
+        max_line, max_payload = self.max_control_line, self.max_payload
+        scan = self._scan
         while pos < n:
             pending = self._pending
             if pending is not None:
@@ -97,23 +97,10 @@ class Parser:
                 self._pending = None
                 pos = end
                 continue
-            m = pub_line(buf, pos)
-            # the line's length without its CRLF (or LF), as the general path below measures it
-            if m is not None and m.end() - pos - (2 if buf[m.end() - 2] == 13 else 1) <= max_line:
-                subject, reply, size = m.groups()
-                nbytes = int(size)
-                if nbytes > self.max_payload:
-                    return self._fail(out, (OP_ERR, ERR_MAX_PAYLOAD))
-                end = m.end() + nbytes + 2
-                if end <= n:
-                    if buf[end - 2:end] != CRLF:
-                        return self._fail(out, (OP_ERR, ERR_UNKNOWN_OP))
-                    out.append((OP_PUB, subject, reply, None, buf[m.end():end - 2]))
-                    pos = end
-                    continue
-                self._pending = (subject, reply, -1)
-                self._want = nbytes + 2
-                pos = m.end()
+            subject, reply, payloads, after = scan(buf, pos, max_line, max_payload)
+            if payloads:
+                out.append((OP_PUBS, subject, reply, payloads))
+                pos = after
                 continue
             nl = buf.find(b"\n", pos)
             if nl < 0:

@@ -1,0 +1,172 @@
+"""The compiled hot path (workers/_speedups.c) against its pure-Python reference (workers/purepath.py): the same
+result for every input, random and mutated, whole or split at every byte; and the protocol tests on the pure path.
+
+The compiled one must be there when ``make test`` runs the suite (it sets ``SHARDBROKER_REQUIRE_COMPILED``: the
+Makefile makes sure of a compiler and Python's headers first); elsewhere, a missing extension skips the
+comparisons, and the pure path is what runs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from harness import REPO
+from workers import nats_codec, purepath, speedups
+
+try:
+    from workers import _speedups as compiled
+except ImportError:
+    compiled = None
+
+needs_compiled = pytest.mark.skipif(compiled is None, reason="the compiled extension is not built")
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "1000"))
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def test_the_compiled_path_is_in_use_where_the_suite_requires_it():
+    if os.environ.get("SHARDBROKER_REQUIRE_COMPILED") and not speedups.FORCED_PURE:
+        assert speedups.IMPLEMENTATION == "compiled", speedups.MISSING
+
+
+# -- inputs ----------------------------------------------------------------------------------------------------
+# Well-formed PUBs in every shape the line allows, their near misses, and arbitrary bytes; then mutated.
+SUBJECTS = [b"a", b"foo.bar", b"x" * 40, b"a\x00b", b"\xff\xfe", b"12", b"a\x0bb"]
+PIECES = [b"PUB foo 5\r\nhello\r\n", b"pub foo 5\nhello\r\n", b"PuB\t foo \t 5 \t\r\nhello\r\n",
+          b"PUB foo r.1 3\r\nabc\r\n", b"PUB foo r.2 3\r\nabc\r\n", b"PUB foo 0\r\n\r\n", b"PUB foo 000003\r\nabc\r\n",
+          b"PUB foo 1234567890123\r\n", b"PUB foo 123456789012\r\n", b"PUB foo 5\r\nhelloXY", b"PUB foo 3\rx\n",
+          b"PUB foo 3 4\r\nabc\r\n", b"PUB foo\x0b3\r\nabc\r\n", b"PUB foo 3\x0c\r\nabc\r\n", b"PUBfoo 3\r\nabc\r\n",
+          b"PUB  foo  bar  7\r\nsevenXX\r\n", b"HPUB foo 2 4\r\nhhpp\r\n", b"SUB foo 1\r\n", b"PING\r\n", b"\r\n",
+          b"PUB foo 5\r\nhel", b"PUB foo", b"PUB ", b"P", b"\n"]
+
+
+def _pub(subject: bytes, reply: bytes | None, payload: bytes) -> bytes:
+    return b"PUB " + subject + (b" " + reply if reply else b"") + b" %d\r\n" % len(payload) + payload + b"\r\n"
+
+
+pubs = st.builds(_pub, st.sampled_from(SUBJECTS), st.one_of(st.none(), st.sampled_from([b"r", b"_INBOX.x"])),
+                 st.binary(max_size=40))
+streams = st.lists(st.one_of(pubs, st.sampled_from(PIECES), st.binary(max_size=16)), max_size=30).map(b"".join)
+
+
+@st.composite
+def mutated(draw) -> bytes:
+    """A stream with bytes flipped, dropped, duplicated or inserted at random places."""
+    data = bytearray(draw(streams))
+    for _ in range(draw(st.integers(min_value=0, max_value=6))):
+        if not data:
+            break
+        i = draw(st.integers(min_value=0, max_value=len(data) - 1))
+        op = draw(st.sampled_from(["flip", "drop", "dup", "insert"]))
+        if op == "flip":
+            data[i] = draw(st.sampled_from(b" \t\r\n\x0b0123456789PUBpub\x00\xff"))
+        elif op == "drop":
+            del data[i]
+        elif op == "dup":
+            data[i:i] = data[i:i + draw(st.integers(min_value=1, max_value=8))]
+        else:
+            data[i:i] = draw(st.binary(min_size=1, max_size=4))
+    return bytes(data)
+
+
+# -- scan_pubs -------------------------------------------------------------------------------------------------
+@needs_compiled
+@FUZZ
+@given(st.one_of(streams, mutated()), st.integers(min_value=0, max_value=80), st.integers(min_value=0, max_value=50))
+def test_scan_pubs_same_on_both_paths_at_every_position(data, max_line, max_payload):
+    for pos in range(len(data) + 2):
+        assert compiled.scan_pubs(data, pos, max_line, max_payload) == \
+            purepath.scan_pubs(data, pos, max_line, max_payload), pos
+
+
+@needs_compiled
+def test_scan_pubs_reads_a_run_and_stops_where_it_changes():
+    data = _pub(b"a", None, b"1") + _pub(b"a", None, b"22") + _pub(b"a", b"r", b"3") + b"PING\r\n"
+    for scan in (compiled.scan_pubs, purepath.scan_pubs):
+        assert scan(data, 0, 4096, 1 << 20) == (b"a", None, [b"1", b"22"], len(_pub(b"a", None, b"1")) * 2 + 1)
+        assert scan(data, 0, 4096, 1) == (b"a", None, [b"1"], len(_pub(b"a", None, b"1")))   # 2 B: too large
+        assert scan(b"PING\r\n", 0, 4096, 1 << 20) == (None, None, [], 0)
+        assert scan(memoryview(data)[:5], 0, 4096, 1 << 20) == (None, None, [], 0)
+
+
+@needs_compiled
+def test_scan_pubs_refuses_what_is_not_a_buffer():
+    with pytest.raises(TypeError):
+        compiled.scan_pubs("PUB a 1\r\nx\r\n", 0, 10, 10)
+    with pytest.raises(TypeError):
+        compiled.scan_pubs(b"", 0, 10)
+
+
+# -- msg_tails -------------------------------------------------------------------------------------------------
+@needs_compiled
+@FUZZ
+@given(st.lists(st.binary(max_size=300), max_size=20), st.one_of(st.none(), st.just(b""), st.binary(max_size=30)))
+def test_msg_tails_same_on_both_paths(payloads, reply):
+    assert compiled.msg_tails(payloads, reply) == purepath.msg_tails(payloads, reply)
+
+
+@needs_compiled
+def test_msg_tails_refuses_what_is_not_a_list_of_bytes():
+    for args in (([b"a", "b"], None), ((b"a",), None), ([b"a"], "r")):
+        with pytest.raises(TypeError):
+            compiled.msg_tails(*args)
+
+
+# -- the parser on each path, split anywhere -------------------------------------------------------------------
+def _commands(scan, chunks: list[bytes], max_line: int, max_payload: int) -> list:
+    parser = nats_codec.Parser(max_line, max_payload, scan=scan)
+    out = []
+    for chunk in chunks:
+        for cmd in parser.feed(chunk):
+            if cmd[0] == nats_codec.OP_PUBS:
+                out.extend((nats_codec.OP_PUB, cmd[1], cmd[2], None, p) for p in cmd[3])
+            else:
+                out.append(cmd)
+    return out
+
+
+@needs_compiled
+@FUZZ
+@given(st.one_of(streams, mutated()), st.integers(min_value=8, max_value=80), st.integers(min_value=0, max_value=50))
+def test_parser_same_on_both_paths_whole_and_split_at_every_byte(data, max_line, max_payload):
+    whole = _commands(purepath.scan_pubs, [data], max_line, max_payload)
+    assert _commands(compiled.scan_pubs, [data], max_line, max_payload) == whole
+    for cut in range(1, len(data)):
+        pieces = [data[:cut], data[cut:]]
+        assert _commands(compiled.scan_pubs, pieces, max_line, max_payload) == whole, cut
+    one_byte = [data[i:i + 1] for i in range(len(data))]
+    assert _commands(compiled.scan_pubs, one_byte, max_line, max_payload) == whole
+
+
+# -- the broker on each path -----------------------------------------------------------------------------------
+def test_broker_says_which_path_it_runs(start_broker):
+    pure = start_broker(workers=2, env={"SHARDBROKER_NO_EXTENSIONS": "1"})
+    assert pure.varz()["hot_path"] == "pure"
+    assert "hot path: pure Python (SHARDBROKER_NO_EXTENSIONS is set)" in pure.log()
+    assert pure.wait_log(r"ready: .* hot_path=(\S+)").group(1) == "pure"
+    if compiled is not None:
+        default = start_broker(workers=1, env={"SHARDBROKER_NO_EXTENSIONS": ""})
+        assert default.varz()["hot_path"] == "compiled"
+        assert default.wait_log(r"ready: .* hot_path=(\S+)").group(1) == "compiled"
+
+
+# The protocol and routing tests, again on the pure path (the rest of the suite runs them compiled where built).
+PURE_PATH_TESTS = ["tests/test_nats.py", "tests/test_ndjson_protocol.py", "tests/test_bridge.py",
+                   "tests/test_delivery_barrier.py", "tests/test_fuzz.py"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(speedups.FORCED_PURE, reason="this run is on the pure path already")
+def test_protocol_tests_pass_on_the_pure_path():
+    env = dict(os.environ, SHARDBROKER_NO_EXTENSIONS="1")
+    env.pop("SHARDBROKER_REQUIRE_COMPILED", None)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *PURE_PATH_TESTS],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=580)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]

@@ -1,0 +1,292 @@
+/* The per-message hot path, compiled: the same functions as workers/purepath.py, with the same results for every
+ * input (tests/test_speedups.py compares them on random and mutated input).  purepath.py is the reference and says
+ * what each function does; this file says only how.
+ *
+ * Every read of the input is bounds-checked against its length: a client controls these bytes, and a fault here
+ * would take down every connection of the worker.  Nothing here keeps state between calls.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+/* A byte of an argument: what bytes.split() does not split on (so a PUB line reads the same here and in the
+ * general parser). */
+static inline int is_token(unsigned char c)
+{
+    return !(c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\v' || c == '\f');
+}
+
+static inline int is_blank(unsigned char c) { return c == ' ' || c == '\t'; }
+
+typedef struct {
+    Py_ssize_t subject, subject_len;   /* offsets into the buffer */
+    Py_ssize_t reply, reply_len;       /* reply_len 0: none */
+    long long size;
+    Py_ssize_t eol;                    /* just after the line's LF */
+    Py_ssize_t line_len;               /* without CRLF or LF */
+} pub_line;
+
+/* After a size token's digits at i: blanks, then CRLF or LF.  -> the offset after the LF, or -1. */
+static Py_ssize_t line_end(const unsigned char *b, Py_ssize_t i, Py_ssize_t n)
+{
+    while (i < n && is_blank(b[i]))
+        i++;
+    if (i < n && b[i] == '\r')
+        i++;
+    if (i < n && b[i] == '\n')
+        return i + 1;
+    return -1;
+}
+
+/* A size token at i: 1 to 12 ASCII digits.  -> the offset after them (and the value), or -1. */
+static Py_ssize_t digits(const unsigned char *b, Py_ssize_t i, Py_ssize_t n, long long *value)
+{
+    Py_ssize_t start = i;
+    long long v = 0;
+    while (i < n && b[i] >= '0' && b[i] <= '9') {
+        if (i - start == 12)
+            return -1;   /* a 13th digit: \d{1,12} cannot end here, and the byte after is no blank */
+        v = v * 10 + (b[i] - '0');
+        i++;
+    }
+    if (i == start)
+        return -1;
+    *value = v;
+    return i;
+}
+
+/* The PUB line at pos, as purepath's _PUB_LINE matches it.  -> 1 (filled in) or 0. */
+static int match_pub(const unsigned char *b, Py_ssize_t pos, Py_ssize_t n, pub_line *out)
+{
+    Py_ssize_t i = pos, t2, t2_end, j, k;
+    long long size;
+
+    if (n - i < 4)
+        return 0;
+    if ((b[i] | 0x20) != 'p' || (b[i + 1] | 0x20) != 'u' || (b[i + 2] | 0x20) != 'b' || !is_blank(b[i + 3]))
+        return 0;
+    i += 3;
+    while (i < n && is_blank(b[i]))
+        i++;
+    out->subject = i;
+    while (i < n && is_token(b[i]))
+        i++;
+    out->subject_len = i - out->subject;
+    if (out->subject_len == 0 || i >= n || !is_blank(b[i]))
+        return 0;
+    while (i < n && is_blank(b[i]))
+        i++;
+    t2 = i;
+    while (i < n && is_token(b[i]))
+        i++;
+    t2_end = i;
+    if (t2_end == t2)
+        return 0;
+    /* With a reply: blanks, then a size token that ends the line. */
+    j = t2_end;
+    while (j < n && is_blank(b[j]))
+        j++;
+    if (j > t2_end) {
+        k = digits(b, j, n, &size);
+        if (k >= 0 && (k = line_end(b, k, n)) >= 0) {
+            out->reply = t2;
+            out->reply_len = t2_end - t2;
+            goto matched;
+        }
+    }
+    /* Without: the second token is the size. */
+    k = digits(b, t2, n, &size);
+    if (k != t2_end || (k = line_end(b, k, n)) < 0)
+        return 0;
+    out->reply = 0;
+    out->reply_len = 0;
+matched:
+    out->size = size;
+    out->eol = k;
+    out->line_len = k - pos - ((k - 2 >= pos && b[k - 2] == '\r') ? 2 : 1);
+    return 1;
+}
+
+static PyObject *scan_pubs(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer view;
+    Py_ssize_t pos, max_line, n;
+    long long max_payload;
+    const unsigned char *b;
+    PyObject *payloads = NULL, *subject = NULL, *reply = NULL, *result = NULL;
+    pub_line first, line;
+    int have = 0;
+
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "scan_pubs(buf, pos, max_line, max_payload)");
+        return NULL;
+    }
+    pos = PyNumber_AsSsize_t(args[1], PyExc_OverflowError);
+    if (pos == -1 && PyErr_Occurred())
+        return NULL;
+    max_line = PyNumber_AsSsize_t(args[2], PyExc_OverflowError);
+    if (max_line == -1 && PyErr_Occurred())
+        return NULL;
+    max_payload = PyLong_AsLongLong(args[3]);
+    if (max_payload == -1 && PyErr_Occurred())
+        return NULL;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    b = (const unsigned char *)view.buf;
+    n = view.len;
+    if (pos < 0)
+        pos = 0;   /* as re.match(buf, pos) */
+    payloads = PyList_New(0);
+    if (payloads == NULL)
+        goto done;
+    while (pos < n) {
+        Py_ssize_t end;
+        PyObject *payload;
+        if (!match_pub(b, pos, n, &line) || line.line_len > max_line)
+            break;
+        if (line.size > max_payload || line.size > n - line.eol - 2)
+            break;
+        end = line.eol + (Py_ssize_t)line.size + 2;
+        if (b[end - 2] != '\r' || b[end - 1] != '\n')
+            break;
+        if (have) {
+            if (line.subject_len != first.subject_len || line.reply_len != first.reply_len
+                || memcmp(b + line.subject, b + first.subject, (size_t)line.subject_len) != 0
+                || memcmp(b + line.reply, b + first.reply, (size_t)line.reply_len) != 0)
+                break;
+        } else {
+            first = line;
+            have = 1;
+        }
+        payload = PyBytes_FromStringAndSize((const char *)b + line.eol, (Py_ssize_t)line.size);
+        if (payload == NULL || PyList_Append(payloads, payload) < 0) {
+            Py_XDECREF(payload);
+            goto done;
+        }
+        Py_DECREF(payload);
+        pos = end;
+    }
+    if (have) {
+        subject = PyBytes_FromStringAndSize((const char *)b + first.subject, first.subject_len);
+        if (subject == NULL)
+            goto done;
+        if (first.reply_len) {
+            reply = PyBytes_FromStringAndSize((const char *)b + first.reply, first.reply_len);
+            if (reply == NULL)
+                goto done;
+        } else {
+            reply = Py_NewRef(Py_None);
+        }
+    } else {
+        subject = Py_NewRef(Py_None);
+        reply = Py_NewRef(Py_None);
+    }
+    result = Py_BuildValue("(OOOn)", subject, reply, payloads, pos);
+done:
+    Py_XDECREF(subject);
+    Py_XDECREF(reply);
+    Py_XDECREF(payloads);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+/* Decimal digits of v >= 0 into buf (at least 20 bytes), -> their count. */
+static int put_decimal(char *buf, Py_ssize_t v)
+{
+    char tmp[24];
+    int k = 0, i;
+    do {
+        tmp[k++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    for (i = 0; i < k; i++)
+        buf[i] = tmp[k - 1 - i];
+    return k;
+}
+
+static PyObject *msg_tails(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *payloads, *reply, *out;
+    const char *r = NULL;
+    Py_ssize_t rlen = 0, count, i;
+
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "msg_tails(payloads, reply)");
+        return NULL;
+    }
+    payloads = args[0];
+    reply = args[1];
+    if (!PyList_Check(payloads)) {
+        PyErr_SetString(PyExc_TypeError, "payloads must be a list of bytes");
+        return NULL;
+    }
+    if (reply != Py_None) {
+        if (!PyBytes_Check(reply)) {
+            PyErr_SetString(PyExc_TypeError, "reply must be bytes or None");
+            return NULL;
+        }
+        r = PyBytes_AS_STRING(reply);
+        rlen = PyBytes_GET_SIZE(reply);
+    }
+    count = PyList_GET_SIZE(payloads);
+    out = PyList_New(count);
+    if (out == NULL)
+        return NULL;
+    for (i = 0; i < count; i++) {
+        PyObject *p = PyList_GET_ITEM(payloads, i), *tail;
+        char digits_buf[24], *w;
+        Py_ssize_t plen;
+        int nd;
+        if (!PyBytes_Check(p)) {
+            Py_DECREF(out);
+            PyErr_SetString(PyExc_TypeError, "payloads must be a list of bytes");
+            return NULL;
+        }
+        plen = PyBytes_GET_SIZE(p);
+        nd = put_decimal(digits_buf, plen);
+        if (plen > PY_SSIZE_T_MAX - rlen - nd - 8) {
+            Py_DECREF(out);
+            return PyErr_NoMemory();
+        }
+        /* " [reply ]<size>\r\n<payload>\r\n" */
+        tail = PyBytes_FromStringAndSize(NULL, 1 + (rlen ? rlen + 1 : 0) + nd + 2 + plen + 2);
+        if (tail == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        w = PyBytes_AS_STRING(tail);
+        *w++ = ' ';
+        if (rlen) {
+            memcpy(w, r, (size_t)rlen);
+            w += rlen;
+            *w++ = ' ';
+        }
+        memcpy(w, digits_buf, (size_t)nd);
+        w += nd;
+        *w++ = '\r';
+        *w++ = '\n';
+        memcpy(w, PyBytes_AS_STRING(p), (size_t)plen);
+        w += plen;
+        *w++ = '\r';
+        *w++ = '\n';
+        PyList_SET_ITEM(out, i, tail);
+    }
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"scan_pubs", (PyCFunction)(void (*)(void))scan_pubs, METH_FASTCALL,
+     "scan_pubs(buf, pos, max_line, max_payload) -> (subject, reply, payloads, pos): see workers/purepath.py"},
+    {"msg_tails", (PyCFunction)(void (*)(void))msg_tails, METH_FASTCALL,
+     "msg_tails(payloads, reply) -> list of ' [reply] <size>\\r\\n<payload>\\r\\n': see workers/purepath.py"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "workers._speedups", "The compiled hot path (see workers/purepath.py).", 0, methods,
+};
+
+PyMODINIT_FUNC PyInit__speedups(void)
+{
+    return PyModuleDef_Init(&module_def);
+}

@@ -1,0 +1,57 @@
+"""The per-message hot path in pure Python: the reference, and the fallback where the compiled one is missing.
+
+``workers/_speedups.c`` implements the same functions; ``workers.speedups`` picks one.  Both must give identical
+results for every input (tests/test_speedups.py checks them against each other on random and mutated input), so
+any change here is a change there.
+
+- ``scan_pubs``: a run of complete, well-formed NATS ``PUB`` commands to one subject (and one reply subject), read
+  from a buffer in one call.  Anything else (another verb, HPUB, a line too long, a payload too large or not yet
+  complete, a missing CRLF) ends the run and is left to the general parser, which also reports its errors.
+- ``msg_tails``: what follows ``MSG <subject> <sid>`` for each payload of a run, the same for every subscriber.
+"""
+
+from __future__ import annotations
+
+import re
+
+# A well-formed PUB control line (verb in any case, CRLF or LF); what it does not match takes the general path.
+# Its arguments are what ``bytes.split()`` makes of the line (no vertical tab or form feed inside), so a PUB reads
+# the same whether it arrives whole (here) or with its payload in a later read (the general parser).
+_PUB_LINE = re.compile(rb"(?i:pub)[ \t]+([^ \t\r\n\v\f]+)[ \t]+(?:([^ \t\r\n\v\f]+)[ \t]+)?(\d{1,12})[ \t]*\r?\n")
+
+
+def scan_pubs(buf: bytes, pos: int, max_line: int, max_payload: int) -> tuple:
+    """-> (subject, reply or None, payloads, position after the run); payloads is empty if ``buf`` at ``pos`` does
+    not start with a complete well-formed PUB (subject and reply are None then)."""
+    n = len(buf)
+    match = _PUB_LINE.match
+    payloads: list[bytes] = []
+    subject = reply = None
+    while pos < n:
+        m = match(buf, pos)
+        if m is None:
+            break
+        eol = m.end()
+        # the line's length without its CRLF (or LF), as the general parser measures it
+        if eol - pos - (2 if buf[eol - 2] == 13 else 1) > max_line:
+            break
+        s, r, size = m.groups()
+        nbytes = int(size)
+        end = eol + nbytes + 2
+        if nbytes > max_payload or end > n or buf[end - 2:end] != b"\r\n":
+            break
+        if payloads:
+            if s != subject or r != reply:
+                break
+        else:
+            subject, reply = s, r
+        payloads.append(buf[eol:end - 2])
+        pos = end
+    return subject, reply, payloads, pos
+
+
+def msg_tails(payloads: list[bytes], reply: bytes | None) -> list[bytes]:
+    """`` [reply] <size>\\r\\n<payload>\\r\\n`` for each payload."""
+    if reply:
+        return [b" %s %d\r\n%s\r\n" % (reply, len(p), p) for p in payloads]
+    return [b" %d\r\n%s\r\n" % (len(p), p) for p in payloads]
