@@ -51,4 +51,6 @@ def test_workers_out_of_file_descriptors_keep_serving():
 def test_a_full_journal_disk_keeps_what_was_acknowledged_and_pubsub_flowing():
     result = faults.disk(size_kib=128)
     check(result)
-    assert result["acked"] > 0 and result["pubsub_flowing"] and result["kept_after_restart"] >= result["acked"]
+    assert result["acked"] > 0 and result["pubsub_flowing"] and result["kept_after_restart"] == result["acked"]
+    assert result["refusal"] == "journal_unavailable" and not result["held_unanswered"]
+    assert result["push_after_space_freed_ok"] and not result["journal_torn_tail"]

@@ -20,8 +20,11 @@ whatever kills it).  A record that cannot be encoded (a bug: the queues make non
 the rest of the turn is written.  Surviving a crash of the machine is the ``fsync`` policy: ``"no"`` leaves it to
 the kernel, ``"everysec"`` fsyncs at most once a second (from ``commit``, or from ``tick`` which the owner calls
 every second; at most about a second of acknowledged changes is lost with the machine), ``"always"`` fsyncs in
-every commit.  A commit that fails (ENOSPC, EIO) cuts the file back to where it was and keeps its records buffered, so
-the file always ends on a record boundary and the next commit retries them.
+every commit.  A commit that fails (ENOSPC, EFBIG, EIO) cuts the file back to where it was and keeps its records
+buffered, so the file always ends on a record boundary and the next commit retries them; ``failed`` then holds that
+commit's own records (as appended), and the owner may take some of them back (``take_back``: the shard rolls back the
+pushes and leases among them and refuses their requests, ``shard.Shard._write_failed``).  A cut that fails too is
+tried again before the next write: nothing is appended after a torn record.
 
 Why marshal.  It is the fastest (de)serializer in the standard library for exactly these types, several times
 faster than pickle on small tuples, and it round-trips tuples, lists, bytes and ints exactly (JSON does not).
@@ -100,6 +103,9 @@ class Journal:
         self._buf: list[bytes] = []                   # encoded, not yet written (a failed write's, to retry)
         self._fd: int | None = None
         self._size = 0
+        self._torn = False                # a failed write could not be cut back: cut before writing again
+        self.failed: list[tuple[str, tuple]] | None = None   # the last failed commit's own records (see take_back)
+        self._failed_chunk: bytes | None = None               # ... as encoded, the last item of _buf
         self._synced_at = float("-inf")   # monotonic s of the last fsync: the first everysec commit syncs
         self._unsynced = False            # written since the last fsync (everysec)
         if path is not None:
@@ -143,12 +149,16 @@ class Journal:
             return self._encode(good) if good else b""
 
     def commit(self) -> None:
-        """Write every buffered record with one write; fsync as the policy says."""
+        """Write every buffered record with one write; fsync as the policy says.  A failed write: see the module's
+        docstring (the file is cut back, the records stay buffered, ``failed`` names this commit's own)."""
+        pending = None
+        encoded = b""
         if self._pending:
             pending, self._pending = self._pending, []
             encoded = self._encode(pending)
             if encoded:
                 self._buf.append(encoded)
+        self.failed = self._failed_chunk = None
         buf = self._buf
         if not buf:
             return
@@ -156,17 +166,23 @@ class Journal:
         if fd is None:
             raise ValueError("journal is closed")
         data = b"".join(buf) if len(buf) > 1 else buf[0]
-        buf.clear()
         try:
+            if self._torn:
+                os.ftruncate(fd, self._size)
+                self._torn = False
             _write_all(fd, data)
         except BaseException:
             # Keep the file ending on a record boundary, and the records for the next commit to retry.
             try:
                 os.ftruncate(fd, self._size)
             except OSError:
-                pass
-            buf.insert(0, data)
+                self._torn = True
+            if len(buf) > 2:   # one chunk for what earlier commits left, one for this commit's (take_back's)
+                buf[:] = [b"".join(buf[:-1]), buf[-1]] if encoded else [data]
+            if encoded:
+                self.failed, self._failed_chunk = pending, encoded
             raise
+        buf.clear()
         self._size += len(data)
         mode = self.fsync
         if mode == "always":
@@ -179,6 +195,20 @@ class Journal:
                 self._unsynced = False
             else:
                 self._unsynced = True
+
+    def take_back(self, keep: list[tuple[str, tuple]]) -> None:
+        """After a failed ``commit``: of its own records (``failed``), only ``keep`` (in order) stay buffered for the
+        next commit; the others are dropped, never written (their owner has undone them)."""
+        chunk = self._failed_chunk
+        if chunk is None:
+            raise AssertionError("take_back without a failed commit")
+        assert self._buf and self._buf[-1] is chunk
+        self._buf.pop()
+        self.failed = self._failed_chunk = None
+        if keep:
+            encoded = self._encode(keep)
+            if encoded:
+                self._buf.append(encoded)
 
     def tick(self) -> None:
         """Once a second (the owner's timer): fsync what was written since the last fsync (``everysec``)."""

@@ -41,6 +41,11 @@ MAX_PRIORITY = 9
 DLQ_SUFFIX = ".dlq"
 _RECENT_RECEIPTS = 100_000      # per queue: what an old receipt became (acked, lost, purged), the newest kept
 _RECENT_TOKENS = 100_000        # per queue: pushes already stored, by their sender's token (resends after a crash)
+# The lease deadlines' heap keeps an entry until its deadline even when the lease ended long before (acked: the
+# usual case).  Once the receipts its entries name are more than twice the live leases plus this, the heap is
+# rebuilt with the live ones only: its size follows the leases held, not the ack rate times the visibility timeout
+# (measured before: 80 B per message acked within its visibility timeout, 30 s by default, up to 12 h).
+_DEADLINES_SLACK = 1024
 
 # A message: (seq, id, kind, data, priority, enqueued_at, dead_reason, source, redriven).
 SEQ, ID, KIND, DATA, PRIORITY, ENQUEUED, REASON, SOURCE, REDRIVEN = range(9)
@@ -117,6 +122,8 @@ class _Ready:
         fifo, back = self.fifo[priority], self.back[priority]
         if fifo and fifo[0] == seq:
             fifo.popleft()
+        elif fifo and fifo[-1] == seq:   # the newest (a push undone: shard._roll_back, newest first)
+            fifo.pop()
         elif back and back[0] == seq:
             heapq.heappop(back)
         else:
@@ -277,6 +284,9 @@ def _text(receipt: object) -> str:
     return receipt if type(receipt) is str else receipt_text(receipt)  # type: ignore[arg-type]
 
 
+record_text = _text
+
+
 _ACKED = {"ok": True}                               # shared: many of them in one reply cost one (marshal's refs)
 _ALREADY_ACKED = {"ok": True, "already_acked": True}
 _PURGED = {"ok": True, "purged": True}
@@ -304,6 +314,7 @@ class Queue:
         self.leases: dict[str, tuple] = {}           # receipt -> (seq, granted, deadline, visibility_ms, holder)
         self.leased: dict[int, str] = {}             # seq -> the receipt of its lease
         self._deadlines: list[tuple[int, tuple]] = []    # (deadline, receipts); stale entries skipped
+        self._deadline_refs = 0                          # receipts named in _deadlines, stale ones included
         # receipt -> (what became of it, the message's seq, its deliveries then): no message kept, so an acked
         # message's data is freed at once
         self._recent: collections.OrderedDict[str, tuple[str, int, int]] = collections.OrderedDict()
@@ -380,6 +391,9 @@ class Queue:
             lease = self.leases[receipt]
             self.leases[receipt] = (lease[0], lease[1], deadline, lease[3], lease[4])
             heapq.heappush(self._deadlines, (deadline, (receipt,)))
+            self._deadline_refs += 1
+            if self._deadline_refs > 2 * len(self.leases) + _DEADLINES_SLACK:
+                self._compact_deadlines()
             self._at(deadline)
         elif kind == "requeue":
             _, receipt, ready_at = record
@@ -414,6 +428,7 @@ class Queue:
             self.leases.clear()
             self.leased.clear()
             self._deadlines.clear()
+            self._deadline_refs = 0
             self.bytes = 0
         else:
             raise ValueError(f"unknown queue record {kind!r}")
@@ -476,6 +491,9 @@ class Queue:
             if d:
                 again += 1
         heapq.heappush(self._deadlines, (deadline, tuple(receipts)))
+        refs = self._deadline_refs = self._deadline_refs + len(receipts)
+        if refs > 2 * len(leases) + _DEADLINES_SLACK:
+            self._compact_deadlines()
         self._at(deadline)
         self.delivered += len(receipts)
         self.redelivered += again
@@ -706,6 +724,65 @@ class Queue:
         self._do(("requeue", receipt, ready_at))
         return "delayed" if ready_at else "visible"
 
+    def _compact_deadlines(self) -> None:
+        """Rebuild the deadlines' heap (in place) with the entries of live leases only (see _DEADLINES_SLACK):
+        each live lease has one entry at its current deadline.  O(entries), once per as many new ones."""
+        leases = self.leases
+        live = []
+        refs = 0
+        for deadline, receipts in self._deadlines:
+            keep = tuple(r for r in receipts if (lease := leases.get(r)) is not None and lease[L_DEADLINE] == deadline)
+            if keep:
+                live.append((deadline, keep))
+                refs += len(keep)
+        heapq.heapify(live)
+        self._deadlines[:] = live
+        self._deadline_refs = refs
+
+    # -- undoing what could not be journaled ------------------------------------------------------------------
+    def undo_push(self, record: tuple, off_heap: set[int] = frozenset()) -> list[str]:  # type: ignore[assignment]
+        """Take back a client's ``push`` or ``pushes`` record that was never written (a failed journal write), as if
+        never made: the messages, their token, their counts.  Only right for the newest records, newest first,
+        before anything else touched these messages (shard._roll_back sees to it; a lease of them in the same
+        turn is undone first, with ``undo_leases``, and named in ``off_heap``).  -> the messages' ids."""
+        if record[0] == "push":
+            items, token = [record[1]], record[12]
+        else:
+            items, token = [m[0] for m in record[2]], record[1]
+        if token is not None:
+            self.tokens.pop(token, None)
+        store, delay_at, ready = self.messages, self.delay_at, self._ready
+        ids = []
+        for seq in reversed(items):
+            msg = store[seq]
+            if seq in delay_at:
+                del delay_at[seq]   # its entry in _delayed is stale now, skipped when due
+            elif seq not in off_heap:   # leased in its turn: undo_leases left it in no heap
+                ready.remove(seq, msg[PRIORITY])
+            self._drop(seq)
+            ids.append(msg[ID])
+        self.pushed -= len(items)
+        return ids
+
+    def undo_leases(self, seqs: list[int], receipts: list, gone: set[int]) -> None:
+        """Take back a ``leases`` record that was never written: the messages are visible again where they were,
+        with the deliveries they had, and the receipts never existed (those in ``gone`` are pushes undone next: they
+        go back to no heap)."""
+        leases, leased, deliveries, ready, store = self.leases, self.leased, self.deliveries, self._ready, \
+            self.messages
+        for seq, receipt in zip(seqs, receipts):
+            del leases[_text(receipt)]   # its entry in _deadlines is stale now
+            del leased[seq]
+            d = deliveries.get(seq, 1) - 1
+            if d:
+                deliveries[seq] = d
+                self.redelivered -= 1
+            else:
+                deliveries.pop(seq, None)
+            self.delivered -= 1
+            if seq not in gone:
+                ready.add(seq, store[seq][PRIORITY])
+
     # -- time -----------------------------------------------------------------------------------------------
     def expire(self, now: int) -> int:
         """Make due delayed messages visible and lapse expired leases.  -> when to look next (0: nothing
@@ -721,6 +798,7 @@ class Queue:
         leases = self.leases
         while deadlines and deadlines[0][0] <= now:
             deadline, receipts = heapq.heappop(deadlines)
+            self._deadline_refs -= len(receipts)
             for receipt in receipts:
                 lease = leases.get(receipt)
                 if lease is not None and lease[L_DEADLINE] == deadline:

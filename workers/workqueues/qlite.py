@@ -62,6 +62,7 @@ _ERRORS = {   # the queues' error codes -> qlite's texts
     "message_too_large": codec.TOO_LARGE,
     "queue_full": codec.QUEUE_FULL,
     "queue_unavailable": codec.QUEUE_UNAVAILABLE,
+    "journal_unavailable": codec.JOURNAL_UNAVAILABLE,
     "too_many_waiters": codec.TOO_MANY_WAITERS,
     "invalid_visibility": codec.HIDDEN_TOO_LONG,
     "invalid_delay": codec.DELAY_TOO_LONG,

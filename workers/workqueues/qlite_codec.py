@@ -61,6 +61,7 @@ NACK_FORMAT = "error: NACK needs a 16 byte id followed by a 4 byte little endian
 DELAY_TOO_LONG = "error: the delay is longer than the max of 43200 seconds"
 QUEUE_FULL = "error: the queue is full, try again later"
 QUEUE_UNAVAILABLE = "error: the queue is unavailable, try again later"
+JOURNAL_UNAVAILABLE = "error: the queue cannot store this now (its journal cannot be written), try again later"
 TOO_MANY_WAITERS = "error: too many polls are waiting on the queue, try again later"
 
 

@@ -6,6 +6,10 @@ point, ``handle(op, args, holder, reply)``, whichever protocol and worker the re
   nothing runs while nothing is due.
 - Every change is journaled (``journal``) and replies wait in ``_replies`` until ``commit`` (run at the start of
   the hub's end-of-turn flush) has written the turn's records: a producer is told ``ok`` only for what is stored.
+- A write that fails (a full disk: ENOSPC, EFBIG; EIO) undoes the turn's pushes and leases, as if never made, and
+  answers their requests ``journal_unavailable`` (``retry``) at once; a long poll served in that turn waits again.
+  The turn's other changes (acks, extends, nacks, expiries, dead letters, purges, redrives) stay applied and
+  buffered, and their replies wait for the write, tried again every second (``_write_failed``).
 - Long polls wait in a FIFO per queue, wherever their clients are; a message wakes the first waiter, and only it.
   Waiters are served at the end of the turn (``commit``), with everything that became visible in it: a burst of
   pushes read in one turn goes to the first waiter as one batch, not one message to it and the rest to nobody.
@@ -26,8 +30,8 @@ from typing import Callable
 from router.subjects import is_valid_literal
 
 from .journal import Journal
-from .model import (DLQ_SUFFIX, ENQUEUED, ID, KIND, MAX_PRIORITY, MS, PRIORITY, REDRIVEN, SOURCE, DATA, Queue,
-                    QueueError, Settings, canonical_receipt, is_dlq)
+from .model import (D_RECEIPT, DLQ_SUFFIX, ENQUEUED, ID, KIND, MAX_PRIORITY, MS, PRIORITY, REDRIVEN, SOURCE, DATA,
+                    Queue, QueueError, Settings, canonical_receipt, is_dlq, record_text)
 
 log = logging.getLogger("broker.queues")
 
@@ -40,6 +44,15 @@ MAX_WAITERS_PER_CONNECTION = 1000
 MAX_WAITERS_PER_QUEUE = 100_000
 DEFAULT_PRIORITY = 4
 _COMPACT_MIN = 64 << 20     # rewrite the journal once it is this large and mostly dead records
+# The shard's heap of due times keeps a long poll's deadline until it comes, even when the poll was served at once
+# (the usual case).  Once it holds more than twice what is live after its last rebuild plus this, it is rebuilt
+# with what is live (each queue's next due time, each waiting poll's deadline): its size follows the polls waiting,
+# not the poll rate times wait_ms (up to 5 minutes).
+_DUE_SLACK = 4096
+JOURNAL_UNAVAILABLE = "journal_unavailable"   # the error of a push or receive undone by a failed journal write
+_RETRY_WRITE_S = 1.0        # a failed journal write is tried again this often while changes wait for it
+_COMPACT_BACKOFF_S = 60.0   # after a failed compaction (a full disk), none is tried for this long
+_LOG_EVERY_S = 10.0         # while the journal cannot be written, one log line per this many seconds
 
 
 def _boot_id() -> str:
@@ -92,6 +105,7 @@ class Shard:
         self.queues: dict[str, Queue] = {}
         self.waiters: dict[str, collections.deque[Waiter]] = {}
         self._due: list[tuple[int, str]] = []      # (monotonic ns, queue): look at it then
+        self._due_live = 0                         # entries of _due live at its last rebuild (_compact_due)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0
         self._replies: list[tuple[Reply, dict]] = []
@@ -99,6 +113,13 @@ class Shard:
         self._committing = False
         self._holders: dict[tuple, set[str]] = {}  # holder -> queues where it waits or holds release-on-close leases
         self._waiting: dict[tuple, int] = {}       # holder -> its long polls waiting here
+        self._served: list[tuple[str, Waiter, dict]] = []   # this turn's waiters served: (queue, waiter, result)
+        self._retry: asyncio.TimerHandle | None = None     # the next try of a failed journal write
+        self._failing_since = 0.0                 # monotonic s of the first failed write of this spell (0: none)
+        self._failed_logged = 0.0
+        self._failed_writes = 0
+        self.journal_refused = 0                  # requests answered journal_unavailable, since the start
+        self._compact_after = 0.0                 # monotonic s: no compaction before (one failed)
         self.owns: Callable[[str], bool] = lambda name: True   # whether a queue is placed here (set by the service)
 
     # -- queues ---------------------------------------------------------------------------------------------
@@ -131,14 +152,26 @@ class Shard:
 
     def _at(self, when: int, q: Queue) -> None:
         heapq.heappush(self._due, (when, q.name))
+        if len(self._due) > 2 * self._due_live + _DUE_SLACK:
+            self._compact_due()
         if not self._timer_at or when < self._timer_at:
             self._arm(when)
 
     def _wait_until(self, when: int, q: Queue) -> None:
         """A long poll's deadline: look at the queue then (its own due times are the queue's to ask for)."""
-        heapq.heappush(self._due, (when, q.name))
-        if not self._timer_at or when < self._timer_at:
-            self._arm(when)
+        self._at(when, q)
+
+    def _compact_due(self) -> None:
+        """Rebuild the due times' heap (in place: ``_on_timer`` may hold it) with what is live: each queue's own
+        next due time (``due_at``: the later entries of a queue are redundant, its timer asks again) and the
+        deadline of each poll still waiting."""
+        live = {(q.due_at, name) for name, q in self.queues.items() if q.due_at}
+        for name, queued in self.waiters.items():
+            live.update((w.deadline, name) for w in queued if not w.done)
+        due = self._due
+        due[:] = live
+        heapq.heapify(due)
+        self._due_live = len(due)
 
     def _arm(self, when: int) -> None:
         if self._timer is not None:
@@ -201,12 +234,174 @@ class Shard:
                     self._serve(q, now)
             finally:
                 self._committing = False
-        if self.journal.dirty:
-            self.journal.commit()
+        journal = self.journal
+        try:
+            if journal.dirty:
+                try:
+                    journal.commit()
+                except OSError as exc:
+                    if not journal.dirty:   # written, then its fsync failed: the hub's to report (and retry)
+                        raise
+                    self._write_failed(exc)
+                    return
+                if self._failing_since:
+                    self._written_again()
+        finally:
+            if self._served:
+                self._served.clear()
         if self._replies:
             replies, self._replies = self._replies, []
             for reply, result in replies:
                 reply(result)
+
+    # -- a journal that cannot be written -------------------------------------------------------------------
+    def _write_failed(self, exc: OSError) -> None:
+        """The turn's write failed (the journal cut the file back and kept the records).  Its pushes and leases are
+        undone and their requests refused now; the rest stays buffered, its replies waiting for the write."""
+        journal = self.journal
+        records = journal.failed
+        refused: set[int] = set()
+        undone = kept = 0
+        if records is not None:
+            ids, receipts, keep = self._roll_back(records)
+            journal.take_back(keep)
+            undone, kept = len(records) - len(keep), len(keep)
+            if ids or receipts:
+                refused = self._refuse(ids, receipts)
+        self._failed_writes += 1
+        self.journal_refused += len(refused)
+        now = time.monotonic()
+        if not self._failing_since or now - self._failed_logged >= _LOG_EVERY_S:
+            log.error("work-queue journal: %s; %d request(s) refused with %s (%d change(s) undone), %d change(s) "
+                      "kept in memory whose replies wait for the write%s", exc.strerror or exc, len(refused),
+                      JOURNAL_UNAVAILABLE, undone, kept,
+                      " (retrying every second)" if journal.dirty else "")
+            self._failed_logged = now
+        if not self._failing_since:
+            self._failing_since = now
+        replies, self._replies = self._replies, []
+        if journal.dirty:   # changes are kept: only the refusals leave now
+            self._replies = [r for r in replies if id(r[1]) not in refused]
+            replies = [r for r in replies if id(r[1]) in refused]
+        for reply, result in replies:
+            reply(result)
+        if journal.dirty or any(q.visible for name in self.waiters if (q := self.queues.get(name)) is not None):
+            if self._retry is None:
+                self._retry = self.loop.call_later(_RETRY_WRITE_S, self._retry_write)
+
+    def _retry_write(self) -> None:
+        self._retry = None
+        self._wake_waiters()
+        self._schedule_flush()
+
+    def _wake_waiters(self) -> None:
+        """Waiters put back by an undone write, on queues with visible messages: served at the next commit."""
+        for name in self.waiters:
+            q = self.queues.get(name)
+            if q is not None and q.visible:
+                self._wake[name] = q
+
+    def _written_again(self) -> None:
+        log.warning("work-queue journal: written again after %.1f s (%d failed write(s), %d request(s) refused "
+                    "meanwhile)", time.monotonic() - self._failing_since, self._failed_writes, self.journal_refused)
+        self._failing_since = 0.0
+        self._failed_writes = 0
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+        self._wake_waiters()
+        if self._wake:
+            self._schedule_flush()
+
+    def _roll_back(self, records: list[tuple[str, tuple]]) -> tuple[set, set, list]:
+        """Undo the pushes (a client's: not a dead letter's, not a redrive's) and leases among a failed write's
+        ``records``, newest first.  A queue where a later record of the turn depends on one of them (a lease
+        acked, extended, requeued or dead-lettered in the same turn, a purge, a take) keeps them all: rare, and
+        always right.  -> (ids of the messages un-pushed, receipts of the leases undone, the records kept)."""
+        undo: dict[str, list[int]] = {}      # queue -> indexes of its records to undo
+        seqs: dict[str, set] = {}            # queue -> the messages they pushed or leased
+        leased: dict[str, set] = {}          # queue -> the receipts of their leases
+        keep_all: set[str] = set()
+        for i, (name, rec) in enumerate(records):
+            if not name:
+                continue
+            kind = rec[0]
+            if kind == "pushes":
+                undo.setdefault(name, []).append(i)
+                seqs.setdefault(name, set()).update(m[0] for m in rec[2])
+            elif kind == "push" and not rec[8] and not rec[9] and not rec[11]:   # no deliveries, reason, redrive
+                undo.setdefault(name, []).append(i)
+                seqs.setdefault(name, set()).add(rec[1])
+            elif kind == "leases":
+                undo.setdefault(name, []).append(i)
+                seqs.setdefault(name, set()).update(rec[1])
+                leased.setdefault(name, set()).update(record_text(r) for r in rec[2])
+            elif name in undo and name not in keep_all:
+                mine, theirs = leased.get(name, ()), seqs[name]
+                if kind == "purge" or kind == "take" and not theirs.isdisjoint(rec[1]) or \
+                        kind == "dead" and rec[1] in theirs or \
+                        kind in ("requeue", "deadline", "ack") and record_text(rec[1]) in mine or \
+                        kind == "acks" and any(r in mine for r in rec[1]):
+                    keep_all.add(name)
+        ids: set[str] = set()
+        receipts: set[str] = set()
+        dropped: set[int] = set()
+        for name, indexes in undo.items():
+            if name in keep_all:
+                continue
+            q = self.queues[name]
+            pushed: set[int] = set()   # leased in the turn they were pushed in: back to no heap at all
+            for i in indexes:
+                rec = records[i][1]
+                if rec[0] == "pushes":
+                    pushed.update(m[0] for m in rec[2])
+                elif rec[0] == "push":
+                    pushed.add(rec[1])
+            off_heap: set[int] = set()
+            for i in reversed(indexes):
+                rec = records[i][1]
+                if rec[0] == "leases":
+                    q.undo_leases(rec[1], rec[2], pushed)
+                    receipts.update(record_text(r) for r in rec[2])
+                    off_heap.update(seq for seq in rec[1] if seq in pushed)
+                else:
+                    ids.update(q.undo_push(rec, off_heap))
+                dropped.add(i)
+        keep = [item for i, item in enumerate(records) if i not in dropped] if dropped else records
+        return ids, receipts, keep
+
+    def _refuse(self, ids: set[str], receipts: set[str]) -> set[int]:
+        """The replies of the turn that speak of undone pushes or leases become ``journal_unavailable``; a long
+        poll served with undone leases waits again instead, where it was.  -> ``id()`` of the refusals."""
+        served = {id(result): (name, w) for name, w, result in self._served}
+        refused: set[int] = set()
+        back: list[tuple[str, Waiter]] = []
+        replies = self._replies
+        for k, (reply, result) in enumerate(replies):
+            if result.get("ok") is not True:
+                continue
+            msg_id = result.get("id")
+            many = result.get("ids")
+            messages = result.get("messages")
+            if (type(msg_id) is str and msg_id in ids) or (type(many) is list and not ids.isdisjoint(many)) or \
+                    (messages and messages[0][D_RECEIPT] in receipts):   # a receive's leases: undone together
+                waiter = served.get(id(result)) if messages else None
+                if waiter is not None:
+                    replies[k] = None   # type: ignore[call-overload]
+                    if waiter[1].holder in self._holders:   # its connection is still there
+                        back.append(waiter)
+                    continue
+                refusal = {"ok": False, "error": JOURNAL_UNAVAILABLE, "retry": True}
+                refused.add(id(refusal))
+                replies[k] = (reply, refusal)
+        if back:
+            self._replies = [r for r in replies if r is not None]
+            for name, w in reversed(back):   # at the head of the line, in the order they had
+                w.done = False
+                self._waiting[w.holder] = self._waiting.get(w.holder, 0) + 1
+                self.waiters.setdefault(name, collections.deque()).appendleft(w)
+                self._wait_until(w.deadline, self.queues[name])
+        return refused
 
     # -- operations -----------------------------------------------------------------------------------------
     def _push(self, args: dict, holder: tuple, reply: Reply) -> dict:
@@ -315,19 +510,22 @@ class Shard:
         queued = self.waiters.get(q.name)
         while queued and q.visible:
             w = queued.popleft()
-            if not w.done:
-                self._finish(w, self._lease(q, w.max, w.visibility, w.release, w.holder, now))
+            if not w.done:   # noted: a failed journal write puts it back (_write_failed)
+                self._served.append((q.name, w, self._finish(w, self._lease(q, w.max, w.visibility, w.release,
+                                                                            w.holder, now))))
         if queued is not None and not queued:
             del self.waiters[q.name]
 
-    def _finish(self, w: Waiter, messages: list[dict]) -> None:
+    def _finish(self, w: Waiter, messages: list[dict]) -> dict:
         w.done = True
         left = self._waiting[w.holder] - 1
         if left:
             self._waiting[w.holder] = left
         else:
             del self._waiting[w.holder]
-        self._answer(w.reply, {"ok": True, "messages": messages})
+        result = {"ok": True, "messages": messages}
+        self._answer(w.reply, result)
+        return result
 
     def _expire_waiters(self, name: str, now: int) -> None:
         queued = self.waiters.get(name)
@@ -506,7 +704,12 @@ class Shard:
                 q._at(nxt)
             self._settle(q, now)
         if count:
-            self.compact(force=True)
+            try:
+                self.compact(force=True)
+            except OSError as exc:   # a full disk: the journal stays as it was, and the worker starts all the same
+                log.error("work-queue journal: compaction at start failed: %s; the journal is kept as it is",
+                          exc.strerror or exc)
+                self._compact_after = time.monotonic() + _COMPACT_BACKOFF_S
         else:
             self.journal.append("", _clock())
         return count
@@ -529,6 +732,8 @@ class Shard:
         """Rewrite the journal as the live state once it is large and mostly records of what is gone."""
         journal = self.journal
         if journal.dirty:
+            if not force:   # the turn's flush writes it (or it waits for a disk with room): compact next time
+                return
             journal.commit()
         live = sum(q.bytes + 96 * (len(q.messages) + len(q.leases)) for q in self.queues.values())
         if force or (journal.size >= _COMPACT_MIN and live * 2 < journal.size):
@@ -542,8 +747,18 @@ class Shard:
 
     def tick(self) -> None:
         """About once a second: fsync per policy, and compact when it pays."""
-        self.journal.tick()
-        self.compact()
+        try:
+            self.journal.tick()
+        except OSError as exc:
+            log.error("work-queue journal: fsync failed: %s", exc.strerror or exc)
+        if time.monotonic() < self._compact_after:
+            return
+        try:
+            self.compact()
+        except OSError as exc:   # the old journal is kept as it was (Journal.rewrite)
+            self._compact_after = time.monotonic() + _COMPACT_BACKOFF_S
+            log.error("work-queue journal: compaction failed: %s; the journal is kept as it is, next try in %d s",
+                      exc.strerror or exc, _COMPACT_BACKOFF_S)
 
     def stats(self, name: str | None = None) -> list[dict]:
         """``qstat`` of every queue here (or of ``name``), for /queuez."""

@@ -1,0 +1,91 @@
+"""What a work queue keeps in memory is bounded by what is live, or by a fixed count: never by the message rate
+times a timeout (docs/reliability.md, Soak).  Counted on the structures themselves, not by RSS."""
+
+from __future__ import annotations
+
+import asyncio
+
+from workers.workqueues import model, shard as shard_mod
+from workers.workqueues.journal import Journal
+from workers.workqueues.model import D_RECEIPT, MS, Queue, Settings
+from workers.workqueues.shard import Shard
+
+
+def _queue(settings: Settings = Settings()) -> Queue:
+    return Queue("jobs", settings, lambda when, q: None, lambda name, record: None)
+
+
+def test_acked_leases_leave_the_deadline_heap():
+    """Leases acked long before their deadline (12 h here) used to stay in the deadlines' heap until it: 80 B a
+    message, without end at a steady rate.  Now the heap follows the leases held."""
+    q = _queue()
+    now = 1_000 * MS
+    held = []
+    for i in range(30_000):
+        q.push(0, b"x", 4, now, now, 0)
+        (d,) = q.lease(now, 1, 12 * 3600 * 1000, None)
+        if i % 100 == 0:
+            held.append(d[D_RECEIPT])      # a few stay leased
+        else:
+            assert q.ack_many([d[D_RECEIPT]], now) == [{"ok": True}]
+    assert q.in_flight == len(held) == 300
+    limit = 2 * q.in_flight + model._DEADLINES_SLACK + 1
+    assert q._deadline_refs <= limit and len(q._deadlines) <= limit
+    assert len(q._deadlines) < 3_000     # 30,000 before: one per lease granted
+    assert q._deadline_refs == sum(len(r) for _, r in q._deadlines)
+    # what is left still expires on time: every held lease, once, at its deadline
+    q.expire(now + 12 * 3600 * 1000 * MS)
+    assert q.in_flight == 0 and q.visible == 300 and q.expired == 300 and not q._deadlines and q._deadline_refs == 0
+
+
+def test_extended_leases_keep_one_live_entry():
+    q = _queue()
+    now = 1_000 * MS
+    q.push(0, b"x", 4, now, now, 0)
+    (d,) = q.lease(now, 1, 60_000, None)
+    for i in range(5_000):
+        q.extend(d[D_RECEIPT], now + i * MS, 60_000)
+    assert len(q._deadlines) <= 2 * 1 + model._DEADLINES_SLACK + 1 and len(q._deadlines) < 2_000
+    deadline = q.leases[d[D_RECEIPT]][2]
+    q.expire(deadline - 1)
+    assert q.in_flight == 1
+    q.expire(deadline)
+    assert q.in_flight == 0 and q.expired == 1
+
+
+def test_the_history_of_receipts_and_tokens_is_bounded(monkeypatch):
+    monkeypatch.setattr(model, "_RECENT_RECEIPTS", 500)
+    monkeypatch.setattr(model, "_RECENT_TOKENS", 300)
+    q = _queue()
+    now = 1_000 * MS
+    for i in range(2_000):
+        q.push(0, b"x", 4, now, now, 0, token=(1, 1, i))
+        (d,) = q.lease(now, 1, 30_000, None)
+        q.ack_many([d[D_RECEIPT]], now)
+    assert len(q._recent) == 500 and len(q.tokens) == 300
+
+
+def test_served_long_polls_leave_the_due_heap():
+    """A long poll served at once left its deadline (up to 5 minutes away) in the shard's heap of due times:
+    one entry per poll, at the poll rate times wait_ms.  Now the heap follows the polls waiting."""
+    async def body():
+        s = Shard(0, Settings(), Journal(None), lambda: None, 256)
+        box: list = []
+        for i in range(20_000):
+            s.handle("recv", {"queue": "jobs", "max": 1, "wait_ms": 300_000}, (0, 1), box.append)
+            s.handle("push", {"queue": "jobs", "data": b"x"}, (0, 2), box.append)
+            s.commit()
+            (receipt,) = s.queues["jobs"].leases
+            s.handle("ack", {"queue": "jobs", "receipt": receipt}, (0, 1), box.append)
+            s.commit()
+        waiting = [s.handle("recv", {"queue": "jobs", "max": 1, "wait_ms": 300_000}, (0, 3), box.append)
+                   for _ in range(10)]
+        assert len(waiting) == 10 and len(s.waiters["jobs"]) == 10
+        assert len(s._due) <= 2 * s._due_live + shard_mod._DUE_SLACK + 1
+        assert len(s._due) < 20_000 // 2
+        # the waiting polls still end at their deadlines
+        for _ in range(3):
+            s._compact_due()
+        deadlines = {w.deadline for w in s.waiters["jobs"]}
+        assert deadlines <= {when for when, name in s._due if name == "jobs"}
+    asyncio.run(body())
