@@ -234,7 +234,7 @@ def test_ready_line_examples_are_the_real_one(plain):
     assert len(examples) == 2
     for example in examples:
         assert ready_keys(example) == ready_keys(real) == ["ndjson", "nats", "monitoring", "workers", "pids",
-                                                           "version"], example
+                                                           "version", "hot_path"], example
 
 
 def fields(text: str) -> set[str]:

@@ -118,6 +118,54 @@ def test_msg_tails_refuses_what_is_not_a_list_of_bytes():
             compiled.msg_tails(*args)
 
 
+# -- ndjson_runs -----------------------------------------------------------------------------------------------
+def _ndjson_pub(topic: bytes, data: bytes) -> bytes:
+    return b'{"op":"pub","topic":"' + topic + b'","data":"' + data + b'"}'
+
+
+NDJSON_LINES = [_ndjson_pub(b"a", b"x"), _ndjson_pub(b"a", b""), _ndjson_pub(b"a.b", b"hello world"),
+                _ndjson_pub(b"a", b"x") + b"\r", _ndjson_pub(b"a", b'q\\"'), _ndjson_pub(b"", b"x"),
+                _ndjson_pub(b"a", b"\xc3\xa9"), _ndjson_pub(b"a", b"x") + b" ", b'{"op":"pub","topic":"a","data":1}',
+                b'{"topic":"a","op":"pub","data":"x"}', b'{"op":"sub","topic":"a"}', b"", b"\r", None]
+ndjson_lines = st.lists(st.one_of(st.sampled_from(NDJSON_LINES),
+                                  st.builds(_ndjson_pub, st.sampled_from([b"a", b"b.c", b"a b", b"*"]),
+                                            st.binary(max_size=12)),
+                                  st.binary(max_size=40)), max_size=30)
+
+
+@st.composite
+def mutated_lines(draw) -> list:
+    lines = draw(ndjson_lines)
+    for _ in range(draw(st.integers(min_value=0, max_value=4))):
+        i = draw(st.integers(min_value=0, max_value=max(0, len(lines) - 1)))
+        if lines and lines[i]:
+            line = bytearray(lines[i])
+            j = draw(st.integers(min_value=0, max_value=len(line) - 1))
+            line[j] = draw(st.integers(min_value=0, max_value=255))
+            lines[i] = bytes(line)
+    return lines
+
+
+@needs_compiled
+@FUZZ
+@given(st.one_of(ndjson_lines, mutated_lines()))
+def test_ndjson_runs_same_on_both_paths(lines):
+    assert compiled.ndjson_runs(lines) == purepath.ndjson_runs(lines)
+
+
+@needs_compiled
+def test_ndjson_runs_group_consecutive_publishes_to_one_topic():
+    a1, a2, b1 = _ndjson_pub(b"a", b"1"), _ndjson_pub(b"a", b"22") + b"\r", _ndjson_pub(b"b", b"3")
+    lines = [a1, a2, b1, b'{"op":"ping"}', a1, None]
+    for runs in (compiled.ndjson_runs, purepath.ndjson_runs):
+        assert runs(lines) == [(b"a", [b'"1"', b'"22"'], [a1, a2]), (b"b", [b'"3"'], [b1]), b'{"op":"ping"}',
+                               (b"a", [b'"1"'], [a1]), None]
+    with pytest.raises(TypeError):
+        compiled.ndjson_runs([b"x", "y"])
+    with pytest.raises(TypeError):
+        compiled.ndjson_runs((b"x",))
+
+
 # -- the parser on each path, split anywhere -------------------------------------------------------------------
 def _commands(scan, chunks: list[bytes], max_line: int, max_payload: int) -> list:
     parser = nats_codec.Parser(max_line, max_payload, scan=scan)
@@ -157,7 +205,7 @@ def test_broker_says_which_path_it_runs(start_broker):
 
 
 # The protocol and routing tests, again on the pure path (the rest of the suite runs them compiled where built).
-PURE_PATH_TESTS = ["tests/test_nats.py", "tests/test_ndjson_protocol.py", "tests/test_bridge.py",
+PURE_PATH_TESTS = ["tests/test_nats.py", "tests/test_ndjson_protocol.py", "tests/test_bridge.py", "tests/test_cluster.py",
                    "tests/test_delivery_barrier.py", "tests/test_fuzz.py"]
 
 

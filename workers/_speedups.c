@@ -274,11 +274,121 @@ static PyObject *msg_tails(PyObject *module, PyObject *const *args, Py_ssize_t n
     return out;
 }
 
+/* Printable ASCII but '"' and '\\' (purepath's _PLAIN). */
+static inline int is_plain(unsigned char c) { return c >= 0x20 && c <= 0x7e && c != '"' && c != '\\'; }
+
+static const char PUB_HEAD[] = "{\"op\":\"pub\",\"topic\":\"";
+static const char PUB_MID[] = "\",\"data\":\"";
+
+/* A canonical NDJSON publish (purepath's _NDJSON_PUB, matched whole).  -> 1 with the topic's and the data's
+ * (quotes included) offsets, or 0. */
+static int match_ndjson_pub(const unsigned char *b, Py_ssize_t n, Py_ssize_t *t0, Py_ssize_t *t1,
+                            Py_ssize_t *d0, Py_ssize_t *d1)
+{
+    Py_ssize_t i = sizeof(PUB_HEAD) - 1, m = sizeof(PUB_MID) - 1;
+    if (n < i || memcmp(b, PUB_HEAD, (size_t)i) != 0)
+        return 0;
+    *t0 = i;
+    while (i < n && is_plain(b[i]))
+        i++;
+    *t1 = i;
+    if (*t1 == *t0 || n - i < m || memcmp(b + i, PUB_MID, (size_t)m) != 0)
+        return 0;
+    i += m;
+    *d0 = i - 1;   /* the opening quote */
+    while (i < n && is_plain(b[i]))
+        i++;
+    if (i >= n || b[i] != '"')
+        return 0;
+    *d1 = ++i;     /* after the closing quote */
+    if (i >= n || b[i] != '}')
+        return 0;
+    i++;
+    if (i < n && b[i] == '\r')
+        i++;
+    return i == n;
+}
+
+static PyObject *ndjson_runs(PyObject *module, PyObject *lines)
+{
+    PyObject *out, *payloads = NULL, *run_lines = NULL;
+    const char *topic = NULL;   /* the open run's topic, inside a line that run_lines keeps alive */
+    Py_ssize_t topic_len = 0, count, i;
+
+    if (!PyList_Check(lines)) {
+        PyErr_SetString(PyExc_TypeError, "lines must be a list");
+        return NULL;
+    }
+    out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    count = PyList_GET_SIZE(lines);
+    for (i = 0; i < count; i++) {
+        PyObject *line = PyList_GET_ITEM(lines, i), *data;
+        Py_ssize_t t0, t1, d0, d1;
+        const unsigned char *b;
+        if (!PyBytes_Check(line)
+            || !match_ndjson_pub((b = (const unsigned char *)PyBytes_AS_STRING(line)), PyBytes_GET_SIZE(line),
+                                 &t0, &t1, &d0, &d1)) {
+            if (line != Py_None && !PyBytes_Check(line)) {
+                PyErr_SetString(PyExc_TypeError, "lines must be bytes or None");
+                goto fail;
+            }
+            if (PyList_Append(out, line) < 0)
+                goto fail;
+            topic = NULL;
+            continue;
+        }
+        data = PyBytes_FromStringAndSize((const char *)b + d0, d1 - d0);
+        if (data == NULL)
+            goto fail;
+        if (topic != NULL && t1 - t0 == topic_len && memcmp(b + t0, topic, (size_t)topic_len) == 0) {
+            if (PyList_Append(payloads, data) < 0 || PyList_Append(run_lines, line) < 0) {
+                Py_DECREF(data);
+                goto fail;
+            }
+            Py_DECREF(data);
+            continue;
+        }
+        {
+            PyObject *name = PyBytes_FromStringAndSize((const char *)b + t0, t1 - t0), *run;
+            payloads = PyList_New(1);
+            run_lines = PyList_New(1);
+            if (name == NULL || payloads == NULL || run_lines == NULL) {
+                Py_XDECREF(name);
+                Py_XDECREF(payloads);
+                Py_XDECREF(run_lines);
+                Py_DECREF(data);
+                goto fail;
+            }
+            PyList_SET_ITEM(payloads, 0, data);
+            PyList_SET_ITEM(run_lines, 0, Py_NewRef(line));
+            run = PyTuple_Pack(3, name, payloads, run_lines);
+            Py_DECREF(name);
+            Py_DECREF(payloads);     /* the tuple holds them; so does `out` once appended */
+            Py_DECREF(run_lines);
+            if (run == NULL || PyList_Append(out, run) < 0) {
+                Py_XDECREF(run);
+                goto fail;
+            }
+            Py_DECREF(run);
+            topic = (const char *)b + t0;
+            topic_len = t1 - t0;
+        }
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"scan_pubs", (PyCFunction)(void (*)(void))scan_pubs, METH_FASTCALL,
      "scan_pubs(buf, pos, max_line, max_payload) -> (subject, reply, payloads, pos): see workers/purepath.py"},
     {"msg_tails", (PyCFunction)(void (*)(void))msg_tails, METH_FASTCALL,
      "msg_tails(payloads, reply) -> list of ' [reply] <size>\\r\\n<payload>\\r\\n': see workers/purepath.py"},
+    {"ndjson_runs", (PyCFunction)ndjson_runs, METH_O,
+     "ndjson_runs(lines) -> lines with runs of canonical publishes grouped: see workers/purepath.py"},
     {NULL, NULL, 0, NULL},
 };
 

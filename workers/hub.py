@@ -27,7 +27,9 @@ the publisher ``cid`` of ``worker``), or ``("m", [(group, cid, sid), ...])`` (de
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
+import itertools
 import logging
 import time
 from typing import TYPE_CHECKING, Awaitable, Callable
@@ -379,22 +381,47 @@ class Hub:
             return True
         return delivered > 0
 
-    def run_room(self, route: Route, n: int) -> int:
-        """How many of a run of ``n`` messages to ``route`` fit in what is left of this turn's budget (at least
-        one, so that every turn makes progress)."""
+    def run_room(self, route: Route, payloads: list[bytes], start: int = 0) -> int:
+        """How many of ``payloads[start:]`` (a run to ``route``) to take in one go: what this turn's budget has
+        room for (at least one, so that every turn makes progress), and at most a batch's bytes, so that a consumer
+        falling behind is noticed (backpressure) as often as when messages came one at a time."""
+        left = len(payloads) - start
         room = (TURN_BUDGET - self.turn_work) // (route.fanout + 1)
-        return n if room >= n else max(1, room)
+        n = left if room >= left else max(1, room)
+        chunk = payloads[start:start + n] if start or n < left else payloads
+        if sum(map(len, chunk)) < _BATCH_BYTES:
+            return n
+        return bisect.bisect_left(list(itertools.accumulate(map(len, chunk))), _BATCH_BYTES) + 1
 
-    def publish_run(self, route: Route, kind: int, payloads: list[bytes], nbytes: int, reply: str | None,
-                    origin: "Connection") -> bool:
-        """``publish`` for a run of messages without headers to one route (``nbytes``: their payload bytes), in one
-        call: one batch extension here, one fabric message per worker concerned.  Queue groups pick a member per
-        message, so a route with queue groups takes the messages one at a time."""
-        if route.queued:
-            published = False
-            for payload in payloads:
-                published = self.publish(self._current(route), kind, payload, reply, None, origin) or published
-            return published
+    def publish_run(self, route: Route, kind: int, payloads: list[bytes], reply: str | None,
+                    origin: "Connection") -> tuple[int, int, bool]:
+        """``publish`` for a run of messages without headers to one route, a chunk (``run_room``) per call: one
+        batch extension here, one fabric message per worker concerned.  Stops early when the turn's budget is
+        spent or publishers must be held (the caller keeps the rest for later).  -> (messages taken, their payload
+        bytes, whether anyone anywhere can receive them).  Queue groups pick a member per message, so a route
+        with queue groups takes the messages one at a time."""
+        taken = nbytes = 0
+        anyone = False
+        total = len(payloads)
+        while taken < total:
+            if route.queued:
+                n = 1
+                anyone = self.publish(route, kind, payloads[taken], reply, None, origin) or anyone
+                b = len(payloads[taken])
+            else:
+                n = self.run_room(route, payloads, taken)
+                chunk = payloads if n == total else payloads[taken:taken + n]
+                b = sum(map(len, chunk))
+                anyone = self._publish_chunk(route, kind, chunk, b, reply, origin) or anyone
+            taken += n
+            nbytes += b
+            if self.turn_work >= TURN_BUDGET or self.holding or origin.closed:
+                break
+            route = self._current(route)   # a delivery (an UNSUB limit reached) may have changed the tries
+        return taken, nbytes, anyone
+
+    def _publish_chunk(self, route: Route, kind: int, payloads: list[bytes], nbytes: int, reply: str | None,
+                       origin: "Connection") -> bool:
         n = len(payloads)
         self.msgs_in += n
         self.bytes_in += nbytes
@@ -505,8 +532,7 @@ class Hub:
         n = len(payloads)
         size = 0
         if route.ndjson:
-            prefix = route.prefix
-            lines = [ndjson_codec.delivery(prefix, kind, payload, reply, None) for payload in payloads]
+            lines = ndjson_codec.deliveries(route.prefix, kind, payloads, reply)
             route.lines += lines
             size = sum(map(len, lines))
         if route.nats:
@@ -616,7 +642,7 @@ class Hub:
                 if route is None:
                     route = self.route_for(subject)
                 if type(payload) is list:   # a run (publish_run): as much of it as the turn has room for
-                    take = self.run_room(route, len(payload))
+                    take = self.run_room(route, payload)
                     if take < len(payload):
                         i -= 1
                         messages[i] = (subject, kind, payload[take:], reply, headers, extra)

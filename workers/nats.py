@@ -389,17 +389,13 @@ class NatsSession(Connection):
                 reply = reply_b.decode()
             except UnicodeDecodeError:
                 return
-        hub = self.hub
-        take = hub.run_room(route, len(payloads))
-        if take < len(payloads):
-            self.leftover = (codec.OP_PUBS, subject_b, reply_b, payloads[take:])   # the next turn's
-            payloads = payloads[:take]
-        nbytes = sum(map(len, payloads))
-        self.msgs_in += len(payloads)
+        taken, nbytes, anyone = self.hub.publish_run(route, KIND_RAW, payloads, reply, self)
+        if taken < len(payloads):
+            self.leftover = (codec.OP_PUBS, subject_b, reply_b, payloads[taken:])   # for the next turn
+        self.msgs_in += taken
         self.bytes_in += nbytes
-        if not hub.publish_run(route, KIND_RAW, payloads, nbytes, reply, self) and reply is not None \
-                and self.no_responders:
-            for _ in payloads:
+        if not anyone and reply is not None and self.no_responders:
+            for _ in range(taken):
                 self._no_responders(reply, reply_b)
 
     def _new_route(self, subject_b: bytes):

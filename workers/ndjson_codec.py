@@ -118,3 +118,10 @@ def delivery(prefix: bytes, kind: int, payload: bytes, reply_to: str | None, hea
     if not extra:
         return prefix + payload + b"}\n"
     return prefix + payload + b"," + orjson.dumps(extra)[1:] + b"\n"
+
+
+def deliveries(prefix: bytes, kind: int, payloads: list[bytes], reply_to: str | None) -> list[bytes]:
+    """``delivery`` for each message of a run without headers."""
+    if kind == KIND_JSON and reply_to is None:
+        return [prefix + payload + b"}\n" for payload in payloads]
+    return [delivery(prefix, kind, payload, reply_to, None) for payload in payloads]

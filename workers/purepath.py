@@ -8,6 +8,11 @@ any change here is a change there.
   from a buffer in one call.  Anything else (another verb, HPUB, a line too long, a payload too large or not yet
   complete, a missing CRLF) ends the run and is left to the general parser, which also reports its errors.
 - ``msg_tails``: what follows ``MSG <subject> <sid>`` for each payload of a run, the same for every subscriber.
+- ``ndjson_runs``: NDJSON lines with the runs of publishes in their canonical form (``{"op":"pub","topic":"T",
+  "data":"S"}``, as our client and most JSON encoders write them) to one topic grouped, so that a run is routed and
+  batched in one call.  The form is narrow on purpose: printable ASCII without quotes or backslashes in T and S,
+  so the data string is its own canonical JSON encoding (what orjson would write back) and the topic needs no
+  decoding.  Every other line stays a line for the general path.
 """
 
 from __future__ import annotations
@@ -48,6 +53,33 @@ def scan_pubs(buf: bytes, pos: int, max_line: int, max_payload: int) -> tuple:
         payloads.append(buf[eol:end - 2])
         pos = end
     return subject, reply, payloads, pos
+
+
+# printable ASCII but the quote and the backslash: a JSON string's content that needs no escape and no decoding
+_PLAIN = rb"[\x20\x21\x23-\x5b\x5d-\x7e]"
+_NDJSON_PUB = re.compile(rb'\{"op":"pub","topic":"(' + _PLAIN + rb'+)","data":("' + _PLAIN + rb'*")\}\r?')
+
+
+def ndjson_runs(lines: list) -> list:
+    """-> the lines, where each run of consecutive canonical publishes to one topic is replaced by one
+    ``(topic, payloads, lines)`` (payloads: the data values' JSON, quotes included)."""
+    out: list = []
+    match = _NDJSON_PUB.fullmatch
+    topic = payloads = run_lines = None
+    for line in lines:
+        m = match(line) if line is not None else None
+        if m is None:
+            out.append(line)
+            topic = None
+            continue
+        t, data = m.groups()
+        if t == topic:
+            payloads.append(data)
+            run_lines.append(line)
+        else:
+            topic, payloads, run_lines = t, [data], [line]
+            out.append((topic, payloads, run_lines))
+    return out
 
 
 def msg_tails(payloads: list[bytes], reply: bytes | None) -> list[bytes]:

@@ -28,6 +28,7 @@ else:
 IMPLEMENTATION = "pure" if _impl is purepath else "compiled"
 scan_pubs = _impl.scan_pubs
 msg_tails = _impl.msg_tails
+ndjson_runs = _impl.ndjson_runs
 
 
 def describe() -> str:
