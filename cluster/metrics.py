@@ -80,6 +80,8 @@ _WORKER_COUNTERS = (
      "Consumers found not reading at all and no longer waited for."),
     ("queue_dropped", "shardbroker_queue_group_dropped_messages",
      "Queue-group deliveries dropped: the member picked had gone or could no longer receive the subject."),
+    ("journal_refused", "shardbroker_workqueue_journal_refused_requests",
+     "Work-queue pushes and receives refused (journal_unavailable): the queue journal could not be written."),
 )
 _WORKER_GAUGES = (
     ("connections", "shardbroker_connections", "Client connections open.", ""),

@@ -15,8 +15,9 @@ A frame is one ZeroMQ message:
   predecessor as proof that its own frames arrive.  Ack-only frames carry seq 0 and no body; they are not part of
   the sequence (losing one is harmless, the next ack covers it).
 - ``body`` is ``marshal`` of ``(messages, control)``: messages are ``(subject, kind, payload, reply, headers,
-  extra)`` tuples, where ``payload`` may be a list of payloads (a run of messages to one subject, without headers); control is a list of small tuples (interest changes, hello, counters).  marshal is C-fast and only builds
-  plain values; it is not safe for untrusted input, which is why the fabric lives in a private 0700 directory and
+  extra)`` tuples, where ``payload`` may be a list of payloads (a run of messages to one subject, without
+  headers); control is a list of small tuples (interest changes, hello, counters).  marshal is C-fast and only
+  builds plain values; it is not safe for untrusted input, which is why the fabric lives in a private 0700 directory and
   only the broker's own workers ever write to it.
 """
 

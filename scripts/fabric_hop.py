@@ -173,7 +173,8 @@ def measure_unix(rate: float, seconds: float) -> list[float]:
 def summary(name: str, times: list[float]) -> str:
     s = sorted(times)
     pct = lambda p: s[min(len(s) - 1, int(p / 100 * len(s)))]  # noqa: E731
-    return f"{name:28s} one way: p50 {pct(50):6.1f}  p99 {pct(99):6.1f}  p99.9 {pct(99.9):7.1f} µs  ({len(s):,} messages)"
+    return (f"{name:28s} one way: p50 {pct(50):6.1f}  p99 {pct(99):6.1f}  p99.9 {pct(99.9):7.1f} µs  "
+            f"({len(s):,} messages)")
 
 
 def main() -> None:

@@ -538,6 +538,7 @@ def test_oversized_frames(start_broker):
         conn.send(struct.pack("<I", 0xFFFFFFFF))
         assert conn.frame() == TOO_LONG
         assert conn.closed()
+    assert b.varz()["breaches"]["max_payload"] == 3   # each counted, as every protocol's payload limit
 
 
 def test_role_violations_keep_the_connection(start_broker):

@@ -205,7 +205,8 @@ def test_broker_says_which_path_it_runs(start_broker):
 
 
 # The protocol and routing tests, again on the pure path (the rest of the suite runs them compiled where built).
-PURE_PATH_TESTS = ["tests/test_nats.py", "tests/test_ndjson_protocol.py", "tests/test_bridge.py", "tests/test_cluster.py",
+PURE_PATH_TESTS = ["tests/test_nats.py", "tests/test_ndjson_protocol.py", "tests/test_bridge.py",
+                   "tests/test_cluster.py",
                    "tests/test_delivery_barrier.py", "tests/test_fuzz.py"]
 
 

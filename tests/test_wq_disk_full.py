@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -322,6 +323,12 @@ def test_a_full_journal_disk_refuses_pushes_and_loses_nothing(tmp_path, how):
                 assert stat["messages"] == acked and stat["pushed"] == acked
                 assert pub.request({"op": "pub", "topic": "still.flowing", "data": 1}) == {"ok": True}
                 assert sub.json(timeout=5)["data"] == 1
+            # counted where an operator looks: the owner's /varz entry and /metrics (the four refusals above)
+            refusals = {w["worker"]: w["journal_refused"] for w in b.varz()["workers"]}
+            assert refusals == {owner: 4, other: 0}, refusals
+            with urllib.request.urlopen(f"http://127.0.0.1:{b.ports['monitoring']}/metrics", timeout=10) as resp:
+                metrics = resp.read().decode()
+            assert f'shardbroker_workqueue_journal_refused_requests_total{{worker="{owner}"}} 4.0' in metrics
             # the owner killed while the disk is full: its replacement replays the journal (its compaction at
             # start cannot be written: logged, the journal kept) and has every acknowledged push
             with on_worker(b.port, owner) as c:

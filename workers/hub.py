@@ -7,6 +7,8 @@
   subscriber's outbound list; messages for other workers are appended to the fabric's per-destination batch.  At the
   end of the event-loop turn ``flush`` sends one fabric frame per destination and one ``writelines`` per touched
   connection.
+- A client's read arrives as runs of publishes to one subject where it can (``publish_run``): routed, counted and
+  batched once per run, in chunks that respect the turn's budget and a batch's size.
 - Consecutive messages to one subject are batched (``_batch_add``): the route collects their encodings, and each
   subscriber gets the whole run as one joined chunk when the run ends (another subject, a reply to one of its
   subscribers, a size bound, the end of the turn).  Per delivery that is C-level copying instead of a Python call,
@@ -19,9 +21,11 @@
 - The owner of a subject (``router.shardmap``) keeps its counters (every worker counts what its clients publish
   and ships the counts to the owner once a second) and picks the members of its queue groups (``queues``).
 
-A message crossing the fabric is ``(subject, kind, payload, reply, headers, extra)``; ``extra`` is None (deliver to
-local subscribers), ``("q", worker, cid, no_echo)`` (that, and you own the subject: dispatch its queue groups for
-the publisher ``cid`` of ``worker``), or ``("m", [(group, cid, sid), ...])`` (deliver to these queue members only).
+A message crossing the fabric is ``(subject, kind, payload, reply, headers, extra)``, where ``payload`` is a list
+for a run of messages without headers (``publish_run``: one fabric message however many the run holds); ``extra``
+is None (deliver to local subscribers), ``("q", worker, cid, no_echo)`` (that, and you own the subject: dispatch
+its queue groups for the publisher ``cid`` of ``worker``), or ``("m", [(group, cid, sid), ...])`` (deliver to these
+queue members only).
 """
 
 from __future__ import annotations
@@ -892,6 +896,8 @@ class Hub:
             "slow_consumers": self.slow_consumers,
             "breaches": dict(self.breaches),
             "pending_polls": self.polls.total,
+            # pushes and receives refused because the queue journal could not be written (a full disk)
+            "journal_refused": self.queue_service.shard.journal_refused if self.queue_service is not None else 0,
             "pending_bytes": sum(pending),
             "pending_bytes_max": max(pending, default=0),   # the connection closest to being a slow consumer
             "backpressure_episodes": self.backpressure.episodes,

@@ -15,8 +15,8 @@ gathered in a list and joined once, so no read copies what came before it.
 ``feed`` returns commands as tuples, in order.  Consecutive complete PUBs to one subject (and reply) in one read
 come as one ``(OP_PUBS, subject, reply, payloads)``: the hot path routes and batches a run in one call
 (``workers.speedups.scan_pubs`` reads it, compiled where built); a PUB whose payload spans reads, and HPUB, come
-as ``(OP_PUB, subject, reply, headers, payload)``.  After an ``ERR`` command nothing more is parsed: the session sends
-the text (if any) and closes.
+as ``(OP_PUB, subject, reply, headers, payload)``.  After an ``ERR`` command nothing more is parsed: the session
+sends the text (if any) and closes.
 """
 
 from __future__ import annotations

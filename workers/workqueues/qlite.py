@@ -207,6 +207,7 @@ class QliteSession(Connection):
     def execute(self, item: "bytes | codec.FrameTooLong") -> None:
         if isinstance(item, codec.FrameTooLong):
             # Past 10 MiB, the original's answer; a first frame past the handshake's limit cannot be a login.
+            self.hub.breach("max_payload")
             self._fatal(codec.TOO_LONG if item.length > codec.MAX_FRAME else codec.AUTH_FORMAT)
         elif self.role is None:
             self._login(item)
@@ -337,6 +338,7 @@ class QliteSession(Connection):
             self.send(codec.fail(codec.EMPTY_PUSH))
             return
         if len(data) > self._cfg.max_message_size:
+            self.hub.breach("max_payload")
             self.send(codec.fail(codec.TOO_LARGE))
             return
         self.msgs_in += 1
