@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import multiprocessing
 import os
-import socket
 import tempfile
 import time
 

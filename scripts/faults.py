@@ -24,7 +24,6 @@ import resource
 import signal
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -35,7 +34,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from harness import Broker, Raw, on_worker  # noqa: E402
+from harness import Broker, Raw, free_space, on_worker, small_disk  # noqa: E402
 
 
 # -- clients ---------------------------------------------------------------------------------------------------
@@ -322,21 +321,6 @@ def fds_workers(connections: int = 400, limit: int = 160) -> dict:
 
 
 # -- the journal's disk full -----------------------------------------------------------------------------------
-@contextlib.contextmanager
-def small_disk(size_kib: int):
-    """A directory on a filesystem of ``size_kib`` KiB: a tmpfs (root), else None (the caller uses RLIMIT_FSIZE)."""
-    path = tempfile.mkdtemp(prefix="faults-disk-")
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kib}k,mode=0700", "tmpfs", path],
-                             capture_output=True).returncode == 0
-    try:
-        yield path, mounted
-    finally:
-        if mounted:
-            subprocess.run(["umount", path], capture_output=True)
-        with contextlib.suppress(OSError):
-            os.rmdir(path)
-
-
 def disk(size_kib: int = 256, body: int = 4000) -> dict:
     """Pushes to one queue until the journal's filesystem is full.  What happens: the push that finds the disk
     full is undone and refused at once (``journal_unavailable``, ``retry``), not held; pub/sub on that worker goes
@@ -372,12 +356,7 @@ def disk(size_kib: int = 256, body: int = 4000) -> dict:
                 flowing = pub.request({"op": "pub", "topic": "still.flowing", "data": 1}) == {"ok": True} and \
                     sub.json(timeout=3).get("data") == 1
                 if refused and not held:   # free space: the next push is stored
-                    if mounted:
-                        subprocess.run(["mount", "-o", f"remount,size={size_kib * 4}k", path], check=True)
-                    else:
-                        for pid in b.worker_pids():
-                            resource.prlimit(pid, resource.RLIMIT_FSIZE,
-                                             (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+                    free_space(b, path, mounted, size_kib)
                     with contextlib.suppress(TimeoutError):
                         after_ok = bool(c.request({"op": "qpush", "queue": "jobs", "data": "after"}).get("ok"))
                         acked += after_ok

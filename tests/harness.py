@@ -7,13 +7,17 @@ byte-exact protocol tests.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import resource
 import re
 import signal
 import socket
 import subprocess
+import shutil
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -284,3 +288,28 @@ def on_worker(port: int, worker: int, user: str | None = None, password: str | N
     finally:
         for conn in others:
             conn.close()
+
+
+@contextlib.contextmanager
+def small_disk(size_kib: int, mount: bool = True):
+    """-> (a directory, whether it is a tmpfs of ``size_kib`` KiB).  Mounting needs root; where it fails (or with
+    ``mount`` False) the directory is a plain one, and the caller limits the workers' file size instead
+    (``prlimit --fsize``: EFBIG where a tmpfs gives ENOSPC)."""
+    path = tempfile.mkdtemp(prefix="small-disk-")
+    mounted = mount and subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kib}k,mode=0700", "tmpfs", path],
+                                       capture_output=True).returncode == 0
+    try:
+        yield path, mounted
+    finally:
+        if mounted:
+            subprocess.run(["umount", path], capture_output=True)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def free_space(broker: Broker, path: str, mounted: bool, size_kib: int) -> None:
+    """Give the full ``small_disk`` room again: a tmpfs four times larger, or no file size limit on the workers."""
+    if mounted:
+        subprocess.run(["mount", "-o", f"remount,size={size_kib * 4}k", path], check=True)
+    else:
+        for pid in broker.worker_pids():
+            resource.prlimit(pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))

@@ -10,21 +10,18 @@ RLIMIT_FSIZE (EFBIG), raised again with prlimit to free the space.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
-import resource
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from harness import Broker, on_worker
+from harness import Broker, free_space, on_worker, small_disk
 from workers.workqueues.journal import Journal
 from workers.workqueues.model import D_RECEIPT, Settings
 from workers.workqueues.shard import JOURNAL_UNAVAILABLE, Shard
@@ -247,21 +244,6 @@ def test_dead_letters_are_kept_not_undone(tmp_path):
 
 
 # -- the real broker on a full filesystem -----------------------------------------------------------------------
-@contextlib.contextmanager
-def full_disk(size_kib: int, how: str):
-    """A directory on a small tmpfs (``how`` "tmpfs", root), or not (the caller limits the workers' file size)."""
-    path = tempfile.mkdtemp(prefix="wq-disk-")
-    mounted = how == "tmpfs" and subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size_kib}k,mode=0700", "tmpfs", path],
-        capture_output=True).returncode == 0
-    try:
-        yield path, mounted
-    finally:
-        if mounted:
-            subprocess.run(["umount", path], capture_output=True)
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def nats_request(port: int, subject: str, payload: bytes, timeout: float = 5.0) -> dict:
     import socket
 
@@ -288,7 +270,7 @@ def test_a_full_journal_disk_refuses_pushes_and_loses_nothing(tmp_path, how):
         pytest.skip("needs prlimit (util-linux)")
     size_kib = 128
     body = "x" * 4000
-    with full_disk(size_kib, how) as (path, mounted):
+    with small_disk(size_kib, mount=how == "tmpfs") as (path, mounted):
         if how == "tmpfs" and not mounted:
             pytest.skip("no tmpfs could be mounted here")
         config = {"queues": {"data_dir": os.path.join(path, "q"), "fsync": "no"}}
@@ -341,12 +323,7 @@ def test_a_full_journal_disk_refuses_pushes_and_loses_nothing(tmp_path, how):
                 assert reply == REFUSED or reply["ok"], reply   # a compaction at start may have freed a little
                 acked += reply["ok"]
                 # space freed: pushes are stored again
-                if mounted:
-                    subprocess.run(["mount", "-o", f"remount,size={size_kib * 4}k", path], check=True)
-                else:
-                    for pid in b.worker_pids():
-                        resource.prlimit(pid, resource.RLIMIT_FSIZE,
-                                         (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+                free_space(b, path, mounted, size_kib)
                 assert c.request({"op": "qpush", "queue": "jobs", "data": "after"})["ok"]
                 acked += 1
             assert "work-queue journal: " in b.log() and "written again" in b.log()
