@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from workers.workqueues import model, shard as shard_mod
+from workers.workqueues import history, model, shard as shard_mod
 from workers.workqueues.journal import Journal
 from workers.workqueues.model import D_RECEIPT, MS, Queue, Settings
 from workers.workqueues.shard import Shard
@@ -53,16 +53,35 @@ def test_extended_leases_keep_one_live_entry():
     assert q.in_flight == 0 and q.expired == 1
 
 
-def test_the_history_of_receipts_and_tokens_is_bounded(monkeypatch):
-    monkeypatch.setattr(model, "_RECENT_RECEIPTS", 500)
-    monkeypatch.setattr(model, "_RECENT_TOKENS", 300)
+def test_the_history_of_receipts_and_tokens_is_bounded_by_count():
     q = _queue()
+    q._recent, q.tokens = history.History(limit=500), history.History(limit=300)
     now = 1_000 * MS
+    receipts = []
     for i in range(2_000):
         q.push(0, b"x", 4, now, now, 0, token=(1, 1, i))
         (d,) = q.lease(now, 1, 30_000, None)
         q.ack_many([d[D_RECEIPT]], now)
-    assert len(q._recent) == 500 and len(q.tokens) == 300
+        receipts.append(d[D_RECEIPT])
+    assert 250 <= len(q._recent) <= 500 and 150 <= len(q.tokens) <= 300
+    assert q.ack_many([receipts[-1]], now)[0].get("already_acked") is True   # the newest are remembered
+    assert (1, 1, 1999) in q.tokens and (1, 1, 0) not in q.tokens
+
+
+def test_the_history_forgets_by_time_and_keeps_each_entry_its_time():
+    t = [0.0]
+    h = history.History(limit=1_000_000, seconds=300, clock=lambda: t[0])
+    for i in range(10_000):           # 10 a second for 1,000 s
+        t[0] = i / 10
+        h[i] = i
+        assert len(h) <= 2 * 300 * 10 + 1          # about twice the window's worth, whatever the run time
+        # everything of the last 300 s is still there
+        assert h.get(max(0, i - 2999)) == max(0, i - 2999) and (i - 2999 < 0 or h[i - 2999] == i - 2999)
+    assert 0 not in h and h.get(0, "gone") == "gone" and h.pop(9_999) == 9_999 and 9_999 not in h
+    older = next(iter(h._old))          # set again from the older generation: one entry, the newest value
+    n = len(h)
+    h[older] = "again"
+    assert h[older] == "again" and len(h) == n
 
 
 def test_served_long_polls_leave_the_due_heap():

@@ -36,11 +36,11 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
+from .history import History
+
 MS = 1_000_000  # ns
 MAX_PRIORITY = 9
 DLQ_SUFFIX = ".dlq"
-_RECENT_RECEIPTS = 100_000      # per queue: what an old receipt became (acked, lost, purged), the newest kept
-_RECENT_TOKENS = 100_000        # per queue: pushes already stored, by their sender's token (resends after a crash)
 # The lease deadlines' heap keeps an entry until its deadline even when the lease ended long before (acked: the
 # usual case).  Once the receipts its entries name are more than twice the live leases plus this, the heap is
 # rebuilt with the live ones only: its size follows the leases held, not the ack rate times the visibility timeout
@@ -317,9 +317,9 @@ class Queue:
         self._deadline_refs = 0                          # receipts named in _deadlines, stale ones included
         # receipt -> (what became of it, the message's seq, its deliveries then): no message kept, so an acked
         # message's data is freed at once
-        self._recent: collections.OrderedDict[str, tuple[str, int, int]] = collections.OrderedDict()
+        self._recent = History()   # kept for history.SECONDS, at most history.LIMIT (workers/workqueues/history.py)
         self.dead: list[tuple[tuple, int, str]] = []   # (message, deliveries, reason) for the shard to push to the DLQ
-        self.tokens: collections.OrderedDict[tuple, object] = collections.OrderedDict()  # push token -> id(s)
+        self.tokens = History()    # push token -> id(s), as long
         self.next_seq = 1
         self.bytes = 0
         self.pushed = self.delivered = self.redelivered = self.acked = self.nacked = self.dead_lettered = 0
@@ -436,8 +436,6 @@ class Queue:
     def _token(self, token: tuple, ids: object) -> None:
         tokens = self.tokens
         tokens[token] = ids
-        if len(tokens) > _RECENT_TOKENS:
-            tokens.popitem(last=False)
 
     def _store(self, messages: list, ready_ats: list | None) -> None:
         """New messages (tuples), visible or (``ready_ats``, per message, 0: visible) delayed."""
@@ -509,8 +507,6 @@ class Queue:
             size += len(store.pop(seq)[3])
         self.bytes -= size
         self.acked += len(receipts)
-        while len(recent) > _RECENT_RECEIPTS:
-            recent.popitem(last=False)
 
     def _end_lease(self, receipt: str, fate: str) -> int:
         seq = self.leases.pop(receipt)[L_SEQ]
@@ -521,8 +517,6 @@ class Queue:
     def _remember(self, receipt: str, fate: str, seq: int) -> None:
         recent = self._recent
         recent[receipt] = (fate, seq, self.deliveries.get(seq, 0))
-        if len(recent) > _RECENT_RECEIPTS:
-            recent.popitem(last=False)
 
     def _drop(self, seq: int) -> tuple:
         msg = self.messages.pop(seq)
@@ -650,8 +644,6 @@ class Queue:
         if done:
             self.bytes -= size
             self.acked += len(done)
-            while len(recent) > _RECENT_RECEIPTS:
-                recent.popitem(last=False)
             self._journal(self.name, ("acks", done))
         return results
 
