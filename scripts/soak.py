@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Soak: hold 10,000 connections with steady traffic for a given time, and record whether the broker stays flat.
 
-    .venv/bin/python scripts/soak.py --duration 660 --out docs/soak      # what docs/reliability.md records
+    .venv/bin/python scripts/soak.py --duration 1200 --out docs/soak     # what docs/reliability.md records
     .venv/bin/python scripts/soak.py --duration 60 --connections 2000    # a short look
 
 Starts a broker (tests/harness.py: 2 workers, security on so that logins are real, cheap PBKDF2 so that they do
