@@ -93,9 +93,10 @@ NATS_PIECES = [b"PUB foo 5\r\nhello\r\n", b"pub foo.bar reply.x 3\r\nabc\r\n", b
                b"PUB x 3\r\nabcXY", b"\t PING \t\r\n", b"\r\n", b"SUB " + b"s" * 70 + b" 1\r\n"]
 
 
-def _nats(chunks: list[bytes], max_line: int, max_payload: int) -> list:
-    """The parser's commands, a run of PUBs counted as its PUBs (how a stream is cut into reads decides the runs)."""
-    parser = nats_codec.Parser(max_line, max_payload)
+def _nats(chunks: list[bytes], max_line: int, max_payload: int, scan=None) -> list:
+    """The parser's commands, a run of PUBs counted as its PUBs (how a stream is cut into reads decides the runs);
+    ``scan``: one implementation of ``scan_pubs`` (tests/test_speedups.py), else the one in use."""
+    parser = nats_codec.Parser(max_line, max_payload, scan=scan)
     out = []
     for chunk in chunks:
         for cmd in parser.feed(chunk):

@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness import REPO
-from workers import nats_codec, purepath, speedups
+from test_fuzz import _nats
+from workers import purepath, speedups
 
 try:
     from workers import _speedups as compiled
@@ -167,29 +168,17 @@ def test_ndjson_runs_group_consecutive_publishes_to_one_topic():
 
 
 # -- the parser on each path, split anywhere -------------------------------------------------------------------
-def _commands(scan, chunks: list[bytes], max_line: int, max_payload: int) -> list:
-    parser = nats_codec.Parser(max_line, max_payload, scan=scan)
-    out = []
-    for chunk in chunks:
-        for cmd in parser.feed(chunk):
-            if cmd[0] == nats_codec.OP_PUBS:
-                out.extend((nats_codec.OP_PUB, cmd[1], cmd[2], None, p) for p in cmd[3])
-            else:
-                out.append(cmd)
-    return out
-
-
 @needs_compiled
 @FUZZ
 @given(st.one_of(streams, mutated()), st.integers(min_value=8, max_value=80), st.integers(min_value=0, max_value=50))
 def test_parser_same_on_both_paths_whole_and_split_at_every_byte(data, max_line, max_payload):
-    whole = _commands(purepath.scan_pubs, [data], max_line, max_payload)
-    assert _commands(compiled.scan_pubs, [data], max_line, max_payload) == whole
+    whole = _nats([data], max_line, max_payload, scan=purepath.scan_pubs)
+    assert _nats([data], max_line, max_payload, scan=compiled.scan_pubs) == whole
     for cut in range(1, len(data)):
         pieces = [data[:cut], data[cut:]]
-        assert _commands(compiled.scan_pubs, pieces, max_line, max_payload) == whole, cut
+        assert _nats(pieces, max_line, max_payload, scan=compiled.scan_pubs) == whole, cut
     one_byte = [data[i:i + 1] for i in range(len(data))]
-    assert _commands(compiled.scan_pubs, one_byte, max_line, max_payload) == whole
+    assert _nats(one_byte, max_line, max_payload, scan=compiled.scan_pubs) == whole
 
 
 # -- the broker on each path -----------------------------------------------------------------------------------

@@ -52,6 +52,20 @@ async def _known(user):
     return user
 
 
+_UNDECODABLE = object()
+
+
+def _text(reply_b: bytes | None):
+    """A reply subject as text (None: no reply); ``_UNDECODABLE`` if it is not UTF-8, and then the message is
+    dropped: nobody could subscribe to that subject."""
+    if reply_b is None:
+        return None
+    try:
+        return reply_b.decode()
+    except UnicodeDecodeError:
+        return _UNDECODABLE
+
+
 def _quoted(text: str) -> str:
     """Go's %q for what a subject can hold."""
     return orjson.dumps(text).decode()
@@ -353,12 +367,9 @@ class NatsSession(Connection):
         if self._secure and not self.user.permissions.may_publish(route.subject):
             self.send(codec.err(f"Permissions Violation for Publish to {_quoted(route.subject)}"))
             return
-        reply = None
-        if reply_b is not None:
-            try:
-                reply = reply_b.decode()
-            except UnicodeDecodeError:
-                return
+        reply = _text(reply_b)
+        if reply is _UNDECODABLE:
+            return
         if self.verbose:
             self.send(codec.OK)  # before the delivery, as nats-server: a publisher subscribed to it sees +OK first
         self.msgs_in += 1
@@ -383,12 +394,9 @@ class NatsSession(Connection):
                     self._pubs(subject_b, reply_b, payloads[1:])   # the first one made the route: the rest can run
                     return
             return
-        reply = None
-        if reply_b is not None:
-            try:
-                reply = reply_b.decode()
-            except UnicodeDecodeError:
-                return
+        reply = _text(reply_b)
+        if reply is _UNDECODABLE:
+            return
         taken, nbytes, anyone = self.hub.publish_run(route, KIND_RAW, payloads, reply, self)
         if taken < len(payloads):
             self.leftover = (codec.OP_PUBS, subject_b, reply_b, payloads[taken:])   # for the next turn
