@@ -195,12 +195,15 @@ def test_broker_says_which_path_it_runs(start_broker):
 
 # The protocol and routing tests, again on the pure path (the rest of the suite runs them compiled where built):
 # every NATS and NDJSON protocol test, the ping barriers across workers, routing across workers, and the NATS
-# parser's fuzz.  Left out: what the hot path does not touch (Bridge, qlite, the other codecs).
+# parser's fuzz.  Left out: what the hot path does not touch (Bridge, qlite, the other codecs, logins, pings).
 PURE_PATH_TESTS = ["tests/test_nats.py", "tests/test_ndjson_protocol.py", "tests/test_delivery_barrier.py",
                    "tests/test_cluster.py::test_cross_worker_delivery_and_per_publisher_order",
                    "tests/test_cluster.py::test_wildcard_subscriptions_across_workers",
                    "tests/test_cluster.py::test_subscription_is_in_force_on_every_worker_when_ok_arrives",
-                   "tests/test_fuzz.py::test_nats_split_anywhere_same_as_whole"]
+                   "tests/test_fuzz.py::test_nats_split_anywhere_same_as_whole",
+                   # what comes before or beside publishing (logins, INFO, pings, connection limits, reconnects)
+                   "-k", "not (user_password or info_fields or maximum_connections or ops_before_connect or "
+                   "server_pings or auth_errors or users_are_the_same or reconnects or auth_without_security)"]
 
 
 @pytest.mark.slow

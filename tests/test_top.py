@@ -480,7 +480,7 @@ def test_polling_at_1_hz_costs_the_broker_little(start_broker):
         for i in range(200):
             pub.request({"op": "pub", "topic": f"cost.{i % 50}.x{i}", "data": i})
     try:
-        seconds = 5.0
+        seconds = 3.0
         costs = {}
         for view in (None, "workers", "connections", "drill"):
             poller = model.Poller(model.Client(monitor(broker)), limit=50)
