@@ -193,17 +193,33 @@ def test_broker_says_which_path_it_runs(start_broker):
         assert default.wait_log(r"ready: .* hot_path=(\S+)").group(1) == "compiled"
 
 
-# The protocol and routing tests, again on the pure path (the rest of the suite runs them compiled where built):
-# every NATS and NDJSON protocol test, the ping barriers across workers, routing across workers, and the NATS
-# parser's fuzz.  Left out: what the hot path does not touch (Bridge, qlite, the other codecs, logins, pings).
-PURE_PATH_TESTS = ["tests/test_nats.py", "tests/test_ndjson_protocol.py", "tests/test_delivery_barrier.py",
-                   "tests/test_cluster.py::test_cross_worker_delivery_and_per_publisher_order",
-                   "tests/test_cluster.py::test_wildcard_subscriptions_across_workers",
-                   "tests/test_cluster.py::test_subscription_is_in_force_on_every_worker_when_ok_arrives",
-                   "tests/test_fuzz.py::test_nats_split_anywhere_same_as_whole",
-                   # what comes before or beside publishing (logins, INFO, pings, connection limits, reconnects)
-                   "-k", "not (user_password or info_fields or maximum_connections or ops_before_connect or "
-                   "server_pings or auth_errors or users_are_the_same or reconnects or auth_without_security)"]
+# The protocol and routing tests that go through the hot path, again on the pure path (the rest of the suite runs
+# them, and all the others, compiled where built): byte-exact transcripts whole and split, real NATS clients
+# (wildcards, headers, UNSUB limits, echo, queue groups, request/reply), NDJSON publishing and ordering, the ping
+# barriers and routing across workers, and the NATS parser's fuzz.  What comes before or beside publishing
+# (logins, INFO, pings, limits, reconnects) does not touch the hot path and runs once.
+_PURE = {
+    "tests/test_nats.py": ["nats_py_pub_sub_wildcards_and_flush", "nats_py_request_reply_and_no_responders",
+                           "nats_py_queue_groups_across_workers_exactly_once_and_fair", "nats_py_headers",
+                           "nats_py_unsubscribe_limit_and_drain", "nats_py_echo_false",
+                           "transcript_pipelined_in_one_packet", "transcript_split_at_every_byte_boundary",
+                           "transcript_one_byte_at_a_time", "headers_are_stripped_for_clients_without_headers",
+                           "pedantic_and_plain_publish_to_wildcards", "slow_nats_consumer_is_closed_without_err",
+                           "cross_protocol_delivery_both_ways", "byte_counters_count_payloads_as_nats_server"],
+    "tests/test_ndjson_protocol.py": ["readme_insecure_transcript_byte_for_byte",
+                                      "publisher_receives_its_own_message_after_delivery_order",
+                                      "data_passes_through_unchanged",
+                                      "many_requests_in_one_packet_and_one_request_split_across_packets",
+                                      "overlapping_patterns_deliver_once_per_connection"],
+    "tests/test_delivery_barrier.py": ["nats_pong_means_cross_worker_messages_are_delivered",
+                                       "ndjson_ping_reply_means_cross_worker_messages_are_delivered",
+                                       "drain_of_a_responder_answers_requests_in_flight"],
+    "tests/test_cluster.py": ["cross_worker_delivery_and_per_publisher_order",
+                              "wildcard_subscriptions_across_workers"],
+    "tests/test_load.py": ["slow_but_steady_subscriber_sets_the_pace_instead_of_being_cut"],
+    "tests/test_fuzz.py": ["nats_split_anywhere_same_as_whole"],
+}
+PURE_PATH_TESTS = [f"{path}::test_{name}" for path, names in _PURE.items() for name in names]
 
 
 @pytest.mark.slow
