@@ -568,9 +568,12 @@ class TaskRun(Sink):
             self.error(f"qack: {reply.get('error')}")
             return
         for (member, seq), r in zip(owners, results):
-            if r.get("ok") and not r.get("already_acked") and not r.get("purged"):
-                member.acks_ok += 1
+            if r.get("ok") and not r.get("purged"):
+                # already_acked: this very ack was journaled, and its reply lost with the queue's owner (killed);
+                # the consumer's worker sent it again to the replacement.  Acked, and not a second success.
                 member.acked.set(seq)
+                if not r.get("already_acked"):
+                    member.acks_ok += 1
             elif not r.get("ok"):
                 self.error(f"qack: {r.get('error')}")
 
