@@ -271,18 +271,22 @@ class BrokerCollector:
         for _, family in tables:
             yield family
 
+    def _per_process(self, family, supervisor: dict, field: str) -> None:
+        """``family`` labelled (worker, key): the supervisor's counts, then each worker's ``stats[field]``."""
+        for key, n in sorted(supervisor.items()):
+            family.add_metric(("supervisor", key), n)
+        for w in self.scrape.workers:
+            if w.stats is not None:
+                for key, n in sorted(w.stats.get(field, {}).items()):
+                    family.add_metric((str(w.index), key), n)
+
     def _limits(self) -> Iterator[Metric]:
         """Limits broken, per process that counts them: the supervisor (connections), each worker (the rest)."""
         s = self.scrape
         family = CounterMetricFamily("shardbroker_limit_breaches",
                                      "Times a client ran into a limit (refused, or closed, in its protocol's words).",
                                      labels=("worker", "limit"))
-        for limit, n in sorted(s.breaches.items()):
-            family.add_metric(("supervisor", limit), n)
-        for w in s.workers:
-            if w.stats is not None:
-                for limit, n in sorted(w.stats.get("breaches", {}).items()):
-                    family.add_metric((str(w.index), limit), n)
+        self._per_process(family, s.breaches, "breaches")
         yield family
         yield CounterMetricFamily("shardbroker_accept_errors",
                                   "Accepts that failed for want of file descriptors (each pauses that listener).",
@@ -296,12 +300,7 @@ class BrokerCollector:
                                      "TLS handshakes by outcome: ok, failed (certificate or protocol), timeout "
                                      "(tls.handshake_timeout), plaintext (a client without TLS, refused).",
                                      labels=("worker", "outcome"))
-        for outcome, n in sorted(s.tls.items()):
-            family.add_metric(("supervisor", outcome), n)
-        for w in s.workers:
-            if w.stats is not None:
-                for outcome, n in sorted(w.stats.get("tls", {}).items()):
-                    family.add_metric((str(w.index), outcome), n)
+        self._per_process(family, s.tls, "tls")
         yield family
         expiry = GaugeMetricFamily("shardbroker_tls_certificate_not_after",
                                    "When the listener's TLS certificate expires (epoch seconds).",
