@@ -113,27 +113,15 @@ async def pinger(send, rate: float, seconds: float, got: asyncio.Queue) -> list[
     return out
 
 
-def measure_zmq(rate: float, seconds: float) -> list[float]:
-    d = tempfile.mkdtemp()
-    a, b = f"ipc://{d}/a", f"ipc://{d}/b"
-    peer = multiprocessing.Process(target=echo_zmq, args=(a, b))
+def _measure(peer_target, peer_args: tuple, connect, rate: float, seconds: float) -> list[float]:
+    """Start the echoing peer, ``connect()`` -> (send, queue of what comes back), ping-pong, stop the peer."""
+    peer = multiprocessing.Process(target=peer_target, args=peer_args)
     peer.start()
 
     async def main():
-        ctx = zmq.Context(io_threads=1)
-        end = ZmqEnd(ctx, a, b)
-        loop = asyncio.get_running_loop()
-        got: asyncio.Queue = asyncio.Queue()
-        end.watch(loop, got.put_nowait)
-        while True:   # ZeroMQ's slow joiner: wait until a message makes it through
-            end.send(b"hello")
-            try:
-                await asyncio.wait_for(got.get(), 0.1)
-                break
-            except TimeoutError:
-                pass
-        times = await pinger(end.send, rate, seconds, got)
-        end.send(b"stop")
+        send, got = await connect()
+        times = await pinger(send, rate, seconds, got)
+        send(b"stop")
         await asyncio.sleep(0.1)
         return times
     try:
@@ -142,31 +130,40 @@ def measure_zmq(rate: float, seconds: float) -> list[float]:
         peer.join(5)
 
 
+def measure_zmq(rate: float, seconds: float) -> list[float]:
+    d = tempfile.mkdtemp()
+    a, b = f"ipc://{d}/a", f"ipc://{d}/b"
+
+    async def connect():
+        end = ZmqEnd(zmq.Context(io_threads=1), a, b)
+        got: asyncio.Queue = asyncio.Queue()
+        end.watch(asyncio.get_running_loop(), got.put_nowait)
+        while True:   # ZeroMQ's slow joiner: wait until a message makes it through
+            end.send(b"hello")
+            try:
+                await asyncio.wait_for(got.get(), 0.1)
+                return end.send, got
+            except TimeoutError:
+                pass
+    return _measure(echo_zmq, (a, b), connect, rate, seconds)
+
+
 def measure_unix(rate: float, seconds: float) -> list[float]:
     path = os.path.join(tempfile.mkdtemp(), "s")
-    peer = multiprocessing.Process(target=echo_unix, args=(path,))
-    peer.start()
 
-    async def main():
+    async def connect():
         for _ in range(100):
             if os.path.exists(path):
                 break
             await asyncio.sleep(0.02)
         got: asyncio.Queue = asyncio.Queue()
-        loop = asyncio.get_running_loop()
 
         class P(asyncio.Protocol):
             def data_received(self, data):
                 got.put_nowait(data)
-        transport, _ = await loop.create_unix_connection(P, path)
-        times = await pinger(transport.write, rate, seconds, got)
-        transport.write(b"stop")
-        await asyncio.sleep(0.1)
-        return times
-    try:
-        return _run(main())
-    finally:
-        peer.join(5)
+        transport, _ = await asyncio.get_running_loop().create_unix_connection(P, path)
+        return transport.write, got
+    return _measure(echo_unix, (path,), connect, rate, seconds)
 
 
 def summary(name: str, times: list[float]) -> str:
