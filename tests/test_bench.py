@@ -64,10 +64,10 @@ def test_generator_check():
 
 
 def test_tiny_queue_bench(tmp_path):
-    """The work-queue scenarios: this broker with and without its journal, and Redis Streams when installed; every
-    acknowledged push stored or acked exactly once."""
+    """The work-queue scenarios: this broker with and without its journal, and Redis Streams and nats-server
+    JetStream when installed; every acknowledged push stored or acked exactly once."""
     env, tag = tagged()
-    peers = ["redis"] if find_binary("redis-server") else []
+    peers = [p for p, binary in (("nats", "nats-server"), ("redis", "redis-server")) if find_binary(binary)]
     res = subprocess.run(
         [sys.executable, "-m", "cli", "bench", "-s", "qpush,qwork1,qwork8,qlatency", "--rounds", "1",
          "--duration", "0.3", "--peers", ",".join(peers) or "none", "--workers", "2", "--out", str(tmp_path)],
@@ -75,7 +75,8 @@ def test_tiny_queue_bench(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     assert "queue push" in res.stdout and "queue latency" in res.stdout
     result = json.loads(next(tmp_path.glob("bench-*.json")).read_text())
-    targets = {"shardbroker/ndjson", "shardbroker/ndjson-nojournal"} | ({"redis"} if peers else set())
+    targets = {"shardbroker/ndjson", "shardbroker/ndjson-nojournal"} | ({"redis"} if "redis" in peers else set()) \
+        | ({"nats-server/jetstream"} if "nats" in peers else set())
     rows = {(row["scenario"], row["target"]): row for row in result["summary"]}
     assert set(rows) == {(s, t) for s in ("qpush", "qwork1", "qwork8", "qlatency") for t in targets}
     for row in rows.values():
@@ -88,8 +89,11 @@ def test_tiny_queue_bench(tmp_path):
             assert run["owner"] not in run["consumer_workers"] and run["producer_workers"] == [run["owner"]], run
         if run["scenario"] != "qpush":
             assert run["left"]["pending"] == 0 and run["delivered"] == run["expected"], run
-    if peers:
+    if "redis" in peers:
         assert rows["qwork1", "shardbroker/ndjson"]["vs_redis"] > 0 and "goal" in rows["qwork1", "shardbroker/ndjson"]
+    if "nats" in peers:   # queue rows are compared with JetStream's
+        assert rows["qwork1", "shardbroker/ndjson"]["vs_nats"] > 0
+        assert rows["qlatency", "nats-server/jetstream"]["latency_us"]["samples"] > 0
     assert not servers_left(tag), "the bench left servers running"
 
 

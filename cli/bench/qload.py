@@ -19,6 +19,8 @@ Plain non-blocking sockets under ``selectors``, as in ``loadgen``: replies are p
 from __future__ import annotations
 
 import collections
+import itertools
+import os
 import selectors
 import socket
 import time
@@ -26,7 +28,7 @@ import zlib
 
 import orjson
 
-from .wire import QUEUE_WIRES, QueueProtocolError, payload
+from .wire import QUEUE_WIRES, QueueJetStream, QueueProtocolError, nats_frames, payload
 
 _QUIET = 0.75          # seconds without messages, after the producers stop, that end a consumer's run
 _MAX_DRAIN = 60.0      # the most a run goes on after the producers' time is up
@@ -44,6 +46,8 @@ class QueueLoad:
         self.consumers: list[socket.socket] = []
         self.wire = None
         self.names: list[str] = []
+        self.views: dict[socket.socket, object] = {}   # a connection's own view of the wire (its reply inbox)
+        self._inboxes = itertools.count()
 
     # -- connect --------------------------------------------------------------------------------------------
     def connect(self, host: str, port: int, wire: str, producers: int, consumers: int, owner: int | None = None,
@@ -73,6 +77,9 @@ class QueueLoad:
             sock = socket.create_connection((host, port), timeout=30)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.wire.name != "ndjson":
+                view = self.views[sock] = self.wire.on(f"_INBOX.bench.{os.getpid()}.{next(self._inboxes)}")
+                if view.hello():
+                    sock.sendall(view.hello())
                 return sock, None
             sock.sendall(b'{"op":"info"}\n')
             worker = orjson.loads(_read_line(sock))["info"]["worker"]
@@ -94,12 +101,7 @@ class QueueLoad:
         sel = selectors.SelectSelector() if rate is not None else selectors.DefaultSelector()
         end = start + duration
         per_frame = max(1, push_batch)   # messages per frame (a batch push, or pipelined pushes)
-        frame, replies_per_frame = wire.push_many(queue, payload(size), per_frame) if per_frame > 1 \
-            else (wire.push(queue, payload(size)), 1)
-        reply_batch = per_frame // replies_per_frame   # messages a refusal refuses
-        block = frame * (window // per_frame)
-        flen = len(frame)
-        stamped = wire.stamped(queue, size) if rate is not None else None
+        reply_batch = per_frame // wire.push_many(queue, b"", per_frame)[1]   # messages a refusal refuses
         total = int(duration * rate) if rate is not None else 0
         start_ns = int(start * 1e9)
         period_ns = 1e9 / rate if rate else 0.0
@@ -107,8 +109,13 @@ class QueueLoad:
         prods = []
         for sock in self.producers:
             sock.setblocking(False)
+            view = self.views.get(sock, wire)
+            frame = view.push_many(queue, payload(size), per_frame)[0] if per_frame > 1 \
+                else view.push(queue, payload(size))
             st = {"sock": sock, "kind": "prod", "out": b"", "writing": False, "buf": b"", "sent": 0, "ids": [],
-                  "refused": 0, "first_refusal": b"", "last_reply": 0.0}
+                  "refused": 0, "first_refusal": b"", "last_reply": 0.0, "w": view,
+                  "block": frame * (window // per_frame), "flen": len(frame),
+                  "stamped": view.stamped(queue, size) if rate is not None else None}
             prods.append(st)
             sel.register(sock, selectors.EVENT_READ, st)
         cons = []
@@ -116,7 +123,7 @@ class QueueLoad:
             sock.setblocking(False)
             st = {"sock": sock, "kind": "cons", "out": b"", "writing": False, "buf": b"",
                   "pending": collections.deque(),   # per request sent: None (a receive) or (ids, handles) (an ack)
-                  "recv": wire.recv(queue, name, batch, wait_ms), "ids": [], "acked": 0, "failed": [],
+                  "c": self.views.get(sock, wire).consumer(queue, name, batch, wait_ms), "ids": [], "acked": 0, "failed": [],
                   "last_msg": 0.0, "last_ack": 0.0, "first_msg": 0.0, "lat": [], "stopped": False}
             cons.append(st)
             sel.register(sock, selectors.EVENT_READ, st)
@@ -147,7 +154,7 @@ class QueueLoad:
                 receiving = True
                 for st in cons:
                     st["pending"].append(None)
-                    write(st, st["recv"])
+                    write(st, st["c"].receive())
             # full speed: until the time is up (or the count is pushed); paced: until the whole schedule is sent
             if sending and ((rate is None and now >= end) or (limit is not None
                                                              and all(st["sent"] >= limit for st in prods))):
@@ -163,13 +170,14 @@ class QueueLoad:
                     frames = room // per_frame
                     if frames > 0:
                         st["sent"] += frames * per_frame
-                        write(st, block[:frames * flen])
+                        write(st, st["block"][:frames * st["flen"]])
                     elif count is not None and 0 < room == count - st["sent"]:   # the last, short batch
                         st["sent"] += room
-                        write(st, wire.push_many(queue, payload(size), room)[0])
+                        write(st, st["w"].push_many(queue, payload(size), room)[0])
                 else:
                     due = min(total, int((now - start) * rate) + 1)
                     if due > st["sent"]:
+                        stamped = st["stamped"]
                         write(st, b"".join(stamped(int(start_ns + k * period_ns)) for k in range(st["sent"], due)))
                         st["sent"] = due
             prods_done = not sending and all(st["sent"] == len(st["ids"]) + st["refused"] for st in prods)
@@ -206,14 +214,15 @@ class QueueLoad:
                 if not data:
                     raise ConnectionError(f"the server closed a {st['kind']} connection")
                 if st["kind"] == "prod":
-                    ids, refused, first, st["buf"] = wire.push_replies(st["buf"] + data, reply_batch)
+                    ids, refused, first, st["buf"] = st["w"].push_replies(st["buf"] + data, reply_batch)
                     if ids or refused:
                         st["ids"].extend(ids)
                         st["refused"] += refused
                         st["first_refusal"] = st["first_refusal"] or first
                         st["last_reply"] = time.monotonic()
                     continue
-                events, st["buf"] = wire.consumer_replies(st["buf"] + data)
+                consumer = st["c"]
+                events, st["buf"] = consumer.replies(st["buf"] + data)
                 if not events:
                     continue
                 now = time.monotonic()
@@ -233,10 +242,10 @@ class QueueLoad:
                                 st["lat"].extend(now_ns - s for s in stamps)
                             st["pending"].append((ids, handles))
                             st["pending"].append(None)
-                            write(st, wire.ack(queue, handles) + st["recv"])
+                            write(st, consumer.ack(handles) + consumer.receive())
                         elif not st["stopped"]:
                             st["pending"].append(None)
-                            write(st, st["recv"])
+                            write(st, consumer.receive())
                     else:
                         if asked is None:
                             raise QueueProtocolError("an ack's reply where a receive's was expected")
@@ -245,7 +254,7 @@ class QueueLoad:
                         st["acked"] += ok
                         st["last_ack"] = now
                         if ok < len(handles):
-                            st["failed"].extend(ids[i] for i in wire.ack_failures(event[2], handles))
+                            st["failed"].extend(ids[i] for i in consumer.ack_failures(event[2], handles))
         sel.close()
         for st in prods + cons:
             st["sock"].setblocking(True)
@@ -272,6 +281,7 @@ class QueueLoad:
             except OSError:
                 pass
         self.producers, self.consumers = [], []
+        self.views.clear()
 
 
 # -- the bench's own requests: set a queue up, check it afterwards, clean up --------------------------------------
@@ -282,6 +292,8 @@ class Control:
         self.wire = wire
         self.sock = socket.create_connection((host, port), timeout=30)
         self.buf = b""
+        self.view = QUEUE_WIRES[wire].on(f"_INBOX.bench.{os.getpid()}.ctl")
+        self.sock.sendall(self.view.hello())
 
     def close(self) -> None:
         self.sock.close()
@@ -302,11 +314,25 @@ class Control:
             raise RuntimeError(f"redis {parts[0].decode()}: {reply}")
         return reply
 
+    def _jetstream(self, subject: bytes, request: dict | None = None) -> dict:
+        """One JetStream API request; -> its reply, which must not be an error."""
+        body = orjson.dumps(request) if request is not None else b""
+        self.sock.sendall(b"PUB %s %s.c %d\r\n%s\r\n" % (subject, self.view.inbox, len(body), body))
+        while True:
+            frames, used = nats_frames(self.buf)
+            self.buf = self.buf[used:]
+            for _, _, _, data in frames:
+                reply = orjson.loads(data)
+                if "error" in reply:
+                    raise RuntimeError(f"{subject.decode()}: {reply['error']}")
+                return reply
+            self._fill(len(self.buf) + 1)
+
     def _fill(self, n: int) -> None:
         while len(self.buf) < n:
             chunk = self.sock.recv(65536)
             if not chunk:
-                raise ConnectionError("redis closed the connection")
+                raise ConnectionError(f"{self.wire} closed the connection")
             self.buf += chunk
 
     def _resp(self):
@@ -334,7 +360,17 @@ class Control:
         return self._ndjson({"op": "info"})["info"]["workers"] if self.wire == "ndjson" else 1
 
     def prepare(self, queue: str) -> None:
-        if self.wire == "redis":
+        if self.wire == "jetstream":
+            # Work-queue retention (an acked message leaves the stream) in memory, as the others keep queues;
+            # every bench consumer pulls from one durable consumer, with no limit on acks pending.
+            stream, durable = QueueJetStream.stream(queue), QueueJetStream.durable
+            self._jetstream(b"$JS.API.STREAM.CREATE.%s" % stream, {
+                "name": stream.decode(), "subjects": [queue], "retention": "workqueue", "storage": "memory"})
+            self._jetstream(b"$JS.API.CONSUMER.DURABLE.CREATE.%s.%s" % (stream, durable), {
+                "stream_name": stream.decode(), "config": {
+                    "durable_name": durable.decode(), "ack_policy": "explicit", "max_ack_pending": -1,
+                    "max_waiting": 512}})
+        elif self.wire == "redis":
             self._redis(b"DEL", queue.encode())
             self._redis(b"XGROUP", b"CREATE", queue.encode(), QUEUE_WIRES["redis"].group, b"0", b"MKSTREAM")
 
@@ -344,13 +380,30 @@ class Control:
         if self.wire == "ndjson":
             stat = self._ndjson({"op": "qstat", "queue": queue})["stat"]
             return {"stored": stat["messages"], "pending": stat["in_flight"]}
+        if self.wire == "jetstream":
+            return self._jetstream_remaining(queue)
         group = QUEUE_WIRES["redis"].group
         return {"stored": self._redis(b"XLEN", queue.encode()),
                 "pending": self._redis(b"XPENDING", queue.encode(), group)[0]}
 
+    def _jetstream_remaining(self, queue: str) -> dict:
+        """Acks have no reply, so the last ones may still be on their way into the stream's state when the run
+        ends: wait (up to 2 s) until nothing is pending."""
+        stream, durable = QueueJetStream.stream(queue), QueueJetStream.durable
+        deadline = time.monotonic() + 2.0
+        while True:
+            consumer = self._jetstream(b"$JS.API.CONSUMER.INFO.%s.%s" % (stream, durable))
+            if not consumer["num_ack_pending"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        state = self._jetstream(b"$JS.API.STREAM.INFO.%s" % stream)["state"]
+        return {"stored": state["messages"], "pending": consumer["num_ack_pending"]}
+
     def cleanup(self, queue: str) -> None:
         if self.wire == "ndjson":
             self._ndjson({"op": "qpurge", "queue": queue})
+        elif self.wire == "jetstream":
+            self._jetstream(b"$JS.API.STREAM.DELETE.%s" % QueueJetStream.stream(queue))
         else:
             self._redis(b"DEL", queue.encode())
 

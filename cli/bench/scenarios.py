@@ -7,8 +7,9 @@ ratio to nats-server measured in the same run.  The load comes from a pool of ge
 
 The work-queue scenarios (``qpush``, ``qwork1``, ``qwork8``, ``qdrain1``, ``qdrain8``, ``qlatency``, and with batch
 producers ``qpushb``, ``qwork1b``, ``qwork8b``; ``qload``) run on the targets that have queues: this broker over
-NDJSON, the same broker with its queue journal off (a second instance, started only for them), and Redis Streams
-with a consumer group.  Each run uses a fresh queue, checks afterwards that every acknowledged push was stored
+NDJSON, the same broker with its queue journal off (a second instance, started only for them), Redis Streams
+with a consumer group, and nats-server JetStream (a work-queue stream in memory and a durable pull consumer, on a
+server started with ``-js`` for them).  Each run uses a fresh queue, checks afterwards that every acknowledged push was stored
 (``qpush``) or acked exactly once (the others), and removes the queue.
 """
 
@@ -43,6 +44,7 @@ ALL_TARGETS = [
     Target("shardbroker/ndjson-nojournal", "shardbroker-nojournal", "ndjson", pubsub=False, queues=True),
     Target("nats-server", "nats-server", "nats"),
     Target("redis", "redis", "redis", queues=True),
+    Target("nats-server/jetstream", "nats-server-jetstream", "jetstream", pubsub=False, queues=True),
     # --tls: the same broker with TLS on its NATS and NDJSON ports, and nats-server with TLS (the cost of TLS)
     Target("shardbroker/nats-tls", "shardbroker-tls", "nats", tls=True),
     Target("shardbroker/ndjson-tls", "shardbroker-tls", "ndjson", tls=True),
@@ -242,13 +244,16 @@ class Bench:
                 server = servers.start_nats_tls(self._pem)
                 if server is not None:
                     self.servers[server.name] = server
-        starters = {"nats": servers.start_nats, "redis": servers.start_redis}
+        starters = {"nats": [servers.start_nats], "redis": [servers.start_redis]}
+        if any(sc.queue for sc in chosen):
+            starters["nats"].append(servers.start_nats_jetstream)   # the work queues' peer on nats-server
         for peer in self.opts.peers:
-            server = starters[peer]()
-            if server is None:
-                package = "nats-server" if peer == "nats" else "redis-server"
-                self.log(f"{peer}: not installed, skipped (Debian package {package})")
-            else:
+            for start in starters[peer]:
+                server = start()
+                if server is None:
+                    package = "nats-server" if peer == "nats" else "redis-server"
+                    self.log(f"{peer}: not installed, skipped (Debian package {package})")
+                    break
                 self.servers[server.name] = server
 
     # -- one run --------------------------------------------------------------------------------------------
@@ -413,7 +418,7 @@ class Bench:
                         row["latency_us"] = {k: statistics.median(r["latency_us"][k] for r in runs)
                                              for k in runs[0]["latency_us"]}
                 rows[t.label] = row
-            base = rows.get("nats-server")
+            base = rows.get("nats-server/jetstream" if sc.queue else "nats-server")   # queues: JetStream's
             for row in rows.values():
                 if base is not None:
                     row["vs_nats"] = _ratio(sc, row, base)

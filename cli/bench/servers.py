@@ -59,6 +59,7 @@ class Server:
     ports: dict[str, int] = field(default_factory=dict)   # protocol -> port
     proc: subprocess.Popen | None = None
     monitor_port: int = 0
+    store: str = ""                            # a directory of the server's, removed when it stops
     _log: object = None
 
     def pids(self) -> list[int]:
@@ -88,6 +89,8 @@ class Server:
                 self.proc.wait(5)
         code = self.proc.returncode
         self.proc = None
+        if self.store:
+            shutil.rmtree(self.store, ignore_errors=True)
         if self._log is not None:
             self._log.close()
             if code == 0:  # kept, and named in the output, only when something went wrong
@@ -140,6 +143,22 @@ def start_nats() -> Server | None:
                             stderr=subprocess.DEVNULL, start_new_session=True)
     wait_port(port)
     return Server("nats-server", version_of([binary, "--version"]), {"nats": port}, proc)
+
+
+def start_nats_jetstream() -> Server | None:
+    """nats-server with JetStream, for the work-queue scenarios (a server of its own, so that the pub/sub runs
+    compare with a plain one).  The bench's streams are kept in memory; JetStream wants a store directory all the
+    same, removed with the server."""
+    binary = find_binary("nats-server")
+    if binary is None:
+        return None
+    port = free_port()
+    store = tempfile.mkdtemp(prefix="bench-jetstream-")
+    proc = subprocess.Popen([binary, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", store],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    wait_port(port)
+    return Server("nats-server-jetstream", version_of([binary, "--version"]), {"jetstream": port}, proc,
+                  store=store)
 
 
 def make_certificate(directory: str) -> dict[str, str]:

@@ -135,6 +135,18 @@ _STAMP_FIELD = b"T" + b"0" * 19
 class QueueWire:
     name = "?"
 
+    def hello(self) -> bytes:
+        """What a connection sends first (b"" for nothing)."""
+        return b""
+
+    def on(self, inbox: str) -> "QueueWire":
+        """The wire as one connection uses it, replies coming to ``inbox`` where the protocol needs one."""
+        return self
+
+    def consumer(self, queue: str, name: str, count: int, wait_ms: int) -> "QueueConsumer":
+        """One consumer's requests and replies."""
+        return QueueConsumer(self, queue, name, count, wait_ms)
+
     def push(self, queue: str, data: bytes) -> bytes:
         raise NotImplementedError
 
@@ -167,6 +179,28 @@ class QueueWire:
     def ack_failures(self, reply, handles: list[bytes]) -> list[int]:
         """Which handles of an ack whose reply counted fewer successes than handles failed (indexes)."""
         return list(range(len(handles)))
+
+
+class QueueConsumer:
+    """A consumer of a wire whose replies can be read without remembering what was asked: the same receive each
+    time, and the wire's own parsing."""
+
+    def __init__(self, wire: QueueWire, queue: str, name: str, count: int, wait_ms: int) -> None:
+        self.wire = wire
+        self.queue = queue
+        self._receive = wire.recv(queue, name, count, wait_ms)
+
+    def receive(self) -> bytes:
+        return self._receive
+
+    def ack(self, handles: list[bytes]) -> bytes:
+        return self.wire.ack(self.queue, handles)
+
+    def replies(self, buf: bytes) -> tuple[list[tuple], bytes]:
+        return self.wire.consumer_replies(buf)
+
+    def ack_failures(self, reply, handles: list[bytes]) -> list[int]:
+        return self.wire.ack_failures(reply, handles)
 
 
 _NDJSON_PUSHED = re.compile(rb'\{"ok":true,"id":"([^"]+)"\}\n')
@@ -323,4 +357,143 @@ def _fail(buf: bytes, at: int):
     raise QueueProtocolError(f"unexpected reply {buf[at:at + 200]!r}")
 
 
-QUEUE_WIRES = {"ndjson": QueueNdjson(), "redis": QueueRedisStreams()}
+def nats_frames(buf: bytes) -> tuple[list[tuple[bytes, bytes, bytes, bytes]], int]:
+    """The complete NATS server frames at the start of ``buf``: ``(subject, reply, headers, payload)`` for each MSG
+    and HMSG (reply and headers b"" when absent); INFO, PING, PONG and +OK are passed over, -ERR raises.  -> (frames,
+    bytes used)."""
+    frames, pos, n = [], 0, len(buf)
+    while pos < n:
+        eol = buf.find(b"\r\n", pos)
+        if eol < 0:
+            break
+        head = buf[pos:eol]
+        if head[:4] == b"MSG " or head[:5] == b"HMSG ":
+            parts = head.split()
+            headed = parts[0] == b"HMSG"
+            total = int(parts[-1])
+            hlen = int(parts[-2]) if headed else 0
+            end = eol + 2 + total + 2
+            if end > n:
+                break
+            reply = parts[3] if len(parts) == (6 if headed else 5) else b""
+            frames.append((parts[1], reply, buf[eol + 2:eol + 2 + hlen], buf[eol + 2 + hlen:eol + 2 + total]))
+            pos = end
+        elif head[:4] == b"-ERR":
+            raise QueueProtocolError(f"nats-server: {head.decode(errors='replace')}")
+        else:
+            pos = eol + 2
+    return frames, pos
+
+
+_JS_SEQ = re.compile(rb'"seq":\s*(\d+)')
+
+
+class QueueJetStream(QueueWire):
+    """nats-server JetStream as a work queue: a stream with work-queue retention in memory, and one durable pull
+    consumer that every bench consumer pulls from (JetStream's competing consumers).  A push is a PUB with a reply
+    subject, answered with a PubAck (the stream sequence is the message's id); a receive is a pull request; an ack is
+    a PUB to the message's ack subject, one per message (JetStream has no batch ack with explicit acks)."""
+
+    name = "jetstream"
+    durable = b"bench"
+
+    def __init__(self, inbox: str = "_INBOX.bench") -> None:
+        self.inbox = inbox.encode()   # where this connection's replies come (each has its own: NATS delivers a
+        # reply to every connection subscribed to its subject)
+
+    def on(self, inbox: str) -> "QueueJetStream":
+        return QueueJetStream(inbox)
+
+    @staticmethod
+    def stream(queue: str) -> bytes:
+        return queue.replace(".", "_").encode()   # a stream's name may not contain dots
+
+    def hello(self) -> bytes:
+        return (b'CONNECT {"verbose":false,"pedantic":false,"headers":true,"no_responders":true}\r\n'
+                b"SUB %s.> 1\r\n" % self.inbox)
+
+    def push(self, queue: str, data: bytes) -> bytes:
+        return b"PUB %s %s.p %d\r\n%s\r\n" % (queue.encode(), self.inbox, len(data), data)
+
+    def push_replies(self, buf: bytes, batch: int = 1) -> tuple[list[bytes], int, bytes, bytes]:
+        frames, used = nats_frames(buf)
+        ids, refused, first = [], 0, b""
+        for _, _, headers, data in frames:
+            m = _JS_SEQ.search(data) if not headers else None
+            if m is not None and b'"error"' not in data:
+                ids.append(m.group(1))
+            else:   # an error reply (or a 503 status: no stream listens)
+                refused += 1
+                first = first or headers + data
+        return ids, refused, first, buf[used:]
+
+    def consumer(self, queue: str, name: str, count: int, wait_ms: int) -> "JetStreamConsumer":
+        return JetStreamConsumer(self.stream(queue), self.durable, count, wait_ms, self.inbox)
+
+
+class JetStreamConsumer:
+    """One pull consumer.  A pull request is answered with messages on their own subject, not the request's, and
+    ends either when it has delivered its ``batch`` (no further word) or with a status on the request's inbox (404
+    nothing there, 408 expired), so the consumer remembers what it asked.  A receive first takes what is there (up
+    to ``count``, ``no_wait``); when that was nothing, the next one waits up to ``wait_ms`` for one message, as
+    nats.py's ``fetch`` does, since a waiting pull of ``count`` would hold its first messages until it has them all.
+    Acks get no reply (as JetStream clients send them); one is counted once a later reply shows that the server read
+    past it, which on one connection means it was processed in order."""
+
+    def __init__(self, stream: bytes, durable: bytes, count: int, wait_ms: int, inbox: bytes) -> None:
+        subject = b"$JS.API.CONSUMER.MSG.NEXT.%s.%s" % (stream, durable)
+        take = orjson.dumps({"batch": count, "no_wait": True})
+        wait = orjson.dumps({"batch": 1, "expires": wait_ms * 1_000_000})
+        self._take = b"PUB %s %s.r %d\r\n%s\r\n" % (subject, inbox, len(take), take)
+        self._wait = b"PUB %s %s.r %d\r\n%s\r\n" % (subject, inbox, len(wait), wait)
+        self.count = count
+        self.want = 0           # what the pull in progress may still deliver
+        self.idle = False       # the last pull found nothing
+        self.acks: list[int] = []
+        self.ids: list[bytes] = []
+        self.handles: list[bytes] = []
+        self.stamps: list[int] = []
+
+    def receive(self) -> bytes:
+        self.want = 1 if self.idle else self.count
+        return self._wait if self.idle else self._take
+
+    def ack(self, handles: list[bytes]) -> bytes:
+        self.acks.append(len(handles))
+        return b"".join([b"PUB %s 0\r\n\r\n" % h for h in handles])
+
+    def replies(self, buf: bytes) -> tuple[list[tuple], bytes]:
+        frames, used = nats_frames(buf)
+        events: list[tuple] = []
+        for _, reply, headers, data in frames:
+            if headers:
+                code = headers[9:12]
+                if code not in (b"404", b"408"):
+                    raise QueueProtocolError(f"pull request ended with {headers.splitlines()[0]!r}")
+                self._done(events)
+                continue
+            tokens = reply.split(b".")
+            if tokens[:2] != [b"$JS", b"ACK"]:
+                continue
+            # $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>...; newer servers insert domain and account
+            self.ids.append(tokens[5] if len(tokens) == 9 else tokens[7])
+            self.handles.append(reply)
+            if data[:1] == b"T":
+                self.stamps.append(int(data[1:20]))
+            self.want -= 1
+            if not self.want:
+                self._done(events)
+        return events, buf[used:]
+
+    def _done(self, events: list) -> None:
+        events.extend(("acked", n, b"") for n in self.acks)
+        self.acks.clear()
+        events.append(("msgs", self.ids, self.handles, self.stamps))
+        self.idle = not self.ids
+        self.ids, self.handles, self.stamps = [], [], []
+
+    def ack_failures(self, reply, handles: list[bytes]) -> list[int]:
+        return []
+
+
+QUEUE_WIRES = {"ndjson": QueueNdjson(), "redis": QueueRedisStreams(), "jetstream": QueueJetStream()}
