@@ -84,6 +84,15 @@ def test_the_history_forgets_by_time_and_keeps_each_entry_its_time():
     assert h[older] == "again" and len(h) == n
 
 
+def test_the_history_takes_a_batch_as_its_entries_one_by_one():
+    h = history.History(limit=100)
+    h.update({i: i for i in range(40)})
+    h.update({i: -i for i in range(30, 70)})   # 40 more would not fit in half the limit: a new generation
+    assert len(h) == 70 and h[35] == -35 and h[10] == 10 and 35 not in h._old
+    h.update({i: i for i in range(100, 150)})  # and again: the first batch's survivors are forgotten
+    assert 10 not in h and h[35] == -35 and len(h) == 90
+
+
 def test_served_long_polls_leave_the_due_heap():
     """A long poll served at once left its deadline (up to 5 minutes away) in the shard's heap of due times:
     one entry per poll, at the poll rate times wait_ms.  Now the heap follows the polls waiting."""

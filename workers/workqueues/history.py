@@ -30,15 +30,29 @@ class History:
         self._old: dict = {}
         self._since = clock()
 
-    def __setitem__(self, key, value) -> None:
+    def _room(self, n: int) -> dict:
+        """The generation ``n`` new entries go into: a fresh one if they would not fit in the newer, or it is old."""
         new = self._new
-        if len(new) >= self.limit // 2 or self._clock() - self._since >= self.seconds:
+        if len(new) + n > self.limit // 2 or self._clock() - self._since >= self.seconds:
             self._old, new = new, {}
             self._new = new
             self._since = self._clock()
+        return new
+
+    def __setitem__(self, key, value) -> None:
+        new = self._room(1)
         if self._old:
             self._old.pop(key, None)   # one entry per key: the newest
         new[key] = value
+
+    def update(self, items: dict) -> None:
+        """Many entries at once (a batch of acks): one look at the clock, and the dict's own update."""
+        new = self._room(len(items))
+        old = self._old
+        if old:
+            for key in items:
+                old.pop(key, None)
+        new.update(items)
 
     def get(self, key, default=None):
         value = self._new.get(key, _MISSING)

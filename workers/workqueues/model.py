@@ -498,13 +498,14 @@ class Queue:
 
     def _acked(self, receipts) -> None:
         leases, leased, store, deliveries = self.leases, self.leased, self.messages, self.deliveries
-        recent = self._recent
+        fates = {}
         size = 0
         for receipt in receipts:
             seq = leases.pop(receipt)[0]
             del leased[seq]
-            recent[receipt] = ("acked", seq, deliveries.pop(seq, 0))
+            fates[receipt] = ("acked", seq, deliveries.pop(seq, 0))
             size += len(store.pop(seq)[3])
+        self._recent.update(fates)
         self.bytes -= size
         self.acked += len(receipts)
 
@@ -621,14 +622,17 @@ class Queue:
     def ack_many(self, receipts: list, now: int) -> list[dict]:
         """Ack each receipt (text, as the client sent it), in order, and journal those that ended a lease as one
         record (``acks``; applying it is ``_acked``, done here inline).  -> one result per receipt."""
-        leases, leased, store, deliveries, recent = self.leases, self.leased, self.messages, self.deliveries, \
-            self._recent
+        leases, leased, store, deliveries = self.leases, self.leased, self.messages, self.deliveries
+        fates = {}
         results = []
         done = []
         size = 0
         for receipt in receipts:
             lease = leases.get(receipt) if type(receipt) is str else None
             if lease is None or lease[2] <= now:   # a repeat in this batch finds its lease gone, like any repeat
+                if fates:   # (and its fate remembered)
+                    self._recent.update(fates)
+                    fates = {}
                 receipt = self._ack_other(receipt, now)
                 if type(receipt) is dict:
                     results.append(receipt)
@@ -637,10 +641,12 @@ class Queue:
             seq = lease[0]
             del leases[receipt]
             del leased[seq]
-            recent[receipt] = ("acked", seq, deliveries.pop(seq, 0))
+            fates[receipt] = ("acked", seq, deliveries.pop(seq, 0))
             size += len(store.pop(seq)[3])
             done.append(receipt)
             results.append(_ACKED)
+        if fates:
+            self._recent.update(fates)
         if done:
             self.bytes -= size
             self.acked += len(done)
