@@ -3,6 +3,7 @@ underneath: waiters served with everything a turn made visible, receipts drawn i
 batch records (``pushes``, ``leases``, ``acks``) replayed exactly, next to the records of older journals."""
 
 import asyncio
+import json
 import os
 import signal
 
@@ -233,3 +234,29 @@ def test_tiny_bench_with_batch_producers(tmp_path):
             assert run["expected"] % 100 == 0, run              # whole batches of 100
         if run["scenario"] == "qwork1b":
             assert run["left"]["pending"] == 0 and run["delivered"] == run["expected"], run
+
+
+def test_single_pushes_read_together_are_each_stored_or_refused_on_their_own(start_broker):
+    """Single ``qpush`` lines that arrive in one read go to the owner together (one request), but each is still its
+    own push: one refused (full queue, bad priority) refuses only itself, every reply keeps its place, and what comes
+    after them on the connection (a receive, another queue's push) sees them stored."""
+    b = start_broker(workers=2, config={"queues": {"max_messages": 4}})
+    for client_worker in (0, 1):            # across workers, then on the owner
+        conn, q = cross(b, f"grp{client_worker}", client_worker)
+        other = f"{q}.other"
+        lines = [{"op": "qpush", "queue": q, "data": i, "id": i} for i in range(3)]
+        lines.insert(1, {"op": "qpush", "queue": q, "data": "bad", "priority": 10, "id": "bad"})
+        lines += [{"op": "qpush", "queue": q, "data": i, "id": i} for i in range(3, 6)]
+        lines += [{"op": "qpush", "queue": other, "data": "o", "id": "o"},
+                  {"op": "qrecv", "queue": q, "max": 10, "id": "r"}]
+        conn.send(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+        replies = [conn.json() for _ in lines]
+        assert [r.get("id") for r in replies] == [line["id"] for line in lines]
+        assert replies[1] == {"ok": False, "error": "invalid_priority", "min": 0, "max": 9, "id": "bad"}
+        stored = [r for r in replies[:-2] if r["ok"]]
+        assert len(stored) == 4 and [r["id"] for r in stored] == [0, 1, 2, 3]
+        assert replies[-4:-2] == [{"ok": False, "error": "queue_full", "retry": True, "id": i} for i in (4, 5)]
+        assert replies[-2]["ok"] is True
+        assert [m["data"] for m in replies[-1]["messages"]] == [0, 1, 2, 3]
+        assert stat(conn, q)["pushed"] == 4 and stat(conn, other)["pushed"] == 1
+        conn.close()

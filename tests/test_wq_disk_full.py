@@ -93,13 +93,15 @@ def test_a_push_that_cannot_be_journaled_is_undone_and_refused(tmp_path):
         q = d.shard.queue("jobs")
         before = q.stat(0)
         d.full()
-        one, batch = d.turn(push(b"lost"), ("push", {"queue": "jobs", "messages": [(b"a", 0, None, None),
-                                                                              (b"b", 0, 9, 5000)]}))
-        # refused at once (nothing else waits for the disk), and nothing of them is left in memory
-        assert one == [REFUSED] and batch == [REFUSED]
+        one, batch, group = d.turn(push(b"lost"),
+                                   ("push", {"queue": "jobs", "messages": [(b"a", 0, None, None), (b"b", 0, 9, 5000)]}),
+                                   ("pushes", {"queue": "jobs", "pushes": [{"data": b"c"}, {"data": b"d"}]}))
+        # refused at once (nothing else waits for the disk), and nothing of them is left in memory; single pushes
+        # sent together are refused each
+        assert one == [REFUSED] and batch == [REFUSED] and group == [{"ok": True, "results": [REFUSED, REFUSED]}]
         assert q.stat(0) == before and len(q.messages) == 1 and q.visible == 1 and q.bytes == 4
         assert not d.journal.dirty and os.path.getsize(d.path) == size
-        assert d.shard.journal_refused == 2
+        assert d.shard.journal_refused == 4
         # space again: the next push is stored, and the journal replays to exactly what was acknowledged
         d.free()
         (ok2,) = d.turn(push(b"later"))

@@ -27,6 +27,7 @@ from .hub import Hub, Subscription
 from .message import KIND_JSON
 from .speedups import ndjson_runs
 from .workqueues.ndjson_ops import OPS as QUEUE_OPS
+from .workqueues.ndjson_ops import PUSH, flush_pushes
 
 log = logging.getLogger("broker.ndjson")
 
@@ -53,6 +54,7 @@ class NdjsonSession(Connection):
         # Replies still awaited, in request order: a request answered later (a work-queue request, which goes to
         # the queue's owner) reserves its place, and what is sent after it waits behind it (``reserve``/``fill``).
         self._slots: collections.deque[list] = collections.deque()
+        self.push_group = None   # single qpushes to one queue, gathered while a read is processed (ndjson_ops)
 
     # -- replies in request order, some of them later --------------------------------------------------------
     def send(self, data: bytes) -> None:
@@ -120,6 +122,11 @@ class NdjsonSession(Connection):
         lines, self._tail = codec.split_lines(self._tail, data, self._max_line)
         self.process(ndjson_runs(lines))
 
+    def _run(self, items: list) -> None:
+        super()._run(items)
+        if self.push_group is not None:
+            flush_pushes(self)
+
     def execute(self, line: bytes | tuple | None) -> None:
         if type(line) is tuple:
             self._pub_run(*line)
@@ -174,6 +181,8 @@ class NdjsonSession(Connection):
         if self._secure and self.user is None and op not in _OPEN_OPS:
             self.send(codec.reply(req, "auth_required"))
             return
+        if self.push_group is not None and handler is not PUSH:
+            flush_pushes(self)   # what comes after gathered pushes sees them done (a qrecv, a qstat)
         handler(self, req, line)
 
     # -- requests that finish later -------------------------------------------------------------------------

@@ -174,6 +174,13 @@ class QueueError(Exception):
         self.retry = retry
         self.extra = extra
 
+    def result(self) -> dict:
+        """The request's reply: ``{"ok": false, "error": code, ...}``."""
+        result = {"ok": False, "error": self.code, **self.extra}
+        if self.retry:
+            result["retry"] = True
+        return result
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -667,7 +674,7 @@ class Queue:
                 return _ALREADY_ACKED
             if exc.code == "purged":
                 return _PURGED
-            return {"ok": False, "error": exc.code, **exc.extra}
+            return exc.result()
         return text
 
     def ack(self, receipt: str, now: int) -> dict:

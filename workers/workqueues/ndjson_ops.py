@@ -146,6 +146,19 @@ def _op(op: str) -> Callable[["NdjsonSession", dict, bytes], None]:
                     return
                 args["messages"] = items
                 hub.turn_work += _PUSH_WORK * len(items)
+            if items is None and session.pending_replies < MAX_PIPELINED:
+                group = session.push_group
+                if group is not None and (group.queue != queue or len(group.pushes) >= MAX_BATCH):
+                    flush_pushes(session)
+                    group = None
+                if group is None:
+                    group = session.push_group = _PushGroup(queue)
+                del args["queue"]
+                group.pushes.append(args)
+                group.replies.append((req, session.reserve()))
+                return
+        if session.push_group is not None:   # the pushes before this request go first
+            flush_pushes(session)
         service = hub.queue_service
         if (op == "recv" and args.get("wait_ms")) or session.pending_replies >= MAX_PIPELINED:
             # A long poll holds the requests after it (and keeps reading: a client that leaves, or half-closes,
@@ -162,3 +175,36 @@ def _op(op: str) -> Callable[["NdjsonSession", dict, bytes], None]:
 
 
 OPS = {"q" + op: _op(op) for op in _FIELDS}
+PUSH = OPS["qpush"]
+
+
+class _PushGroup:
+    """Single pushes to one queue read together: sent to its owner as one request (``pushes``), each still stored
+    or refused on its own and answered in its own place."""
+
+    __slots__ = ("queue", "pushes", "replies")
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self.pushes: list[dict] = []
+        self.replies: list[tuple[dict, list]] = []   # (request, reply slot)
+
+
+def flush_pushes(session: "NdjsonSession") -> None:
+    """Send the connection's gathered pushes: at the end of what it read, or before any other request."""
+    group, session.push_group = session.push_group, None
+    service = session.hub.queue_service
+    if len(group.pushes) == 1:
+        (args,), ((req, slot),) = group.pushes, group.replies
+        args["queue"] = group.queue
+        service.request(session.cid, "push", args, lambda result: session.fill(slot, _pushed(req, result)))
+        return
+
+    def answer(result: dict) -> None:
+        results = result.get("results")
+        if results is None:   # the whole request failed (its owner unavailable): each push is told so
+            results = [result] * len(group.replies)
+        for (req, slot), one in zip(group.replies, results):
+            session.fill(slot, _pushed(req, one))
+
+    service.request(session.cid, "pushes", {"queue": group.queue, "pushes": group.pushes}, answer)

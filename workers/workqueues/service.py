@@ -35,6 +35,7 @@ Reply = Callable[[dict], None]
 
 
 _NEEDS = {"push": "publish", "purge": "admin", "redrive": "admin"}   # the rest: subscribe (stat: or admin)
+_TOKENED = ("push", "pushes")
 
 
 def allowed(permissions, op: str, queue: str) -> bool:
@@ -107,7 +108,7 @@ class QueueService:
             return
         holder = (hub.index, cid)
         rid = next(self._ids)
-        if op == "push":  # a push is sent again if its owner dies: the token lets the replacement see a repeat
+        if op in _TOKENED:  # a push is sent again if its owner dies: the token lets the replacement see a repeat
             args = dict(args, token=(hub.index, hub.fabric.epoch, rid))
         pending = self._pending[rid] = _Pending(reply, owner, (REQUEST, rid, op, args, holder))
         if owner in hub.fabric.up_peers():

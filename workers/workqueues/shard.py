@@ -53,6 +53,7 @@ JOURNAL_UNAVAILABLE = "journal_unavailable"   # the error of a push or receive u
 _RETRY_WRITE_S = 1.0        # a failed journal write is tried again this often while changes wait for it
 _COMPACT_BACKOFF_S = 60.0   # after a failed compaction (a full disk), none is tried for this long
 _LOG_EVERY_S = 10.0         # while the journal cannot be written, one log line per this many seconds
+_UNAVAILABLE = {"ok": False, "error": JOURNAL_UNAVAILABLE, "retry": True}
 
 
 def _boot_id() -> str:
@@ -211,9 +212,7 @@ class Shard:
                 raise QueueError("unknown_op")
             result = handler(self, args, holder, reply)
         except QueueError as exc:
-            result = {"ok": False, "error": exc.code, **exc.extra}
-            if exc.retry:
-                result["retry"] = True
+            result = exc.result()
         if result is not None:
             self._answer(reply, result)
 
@@ -262,6 +261,7 @@ class Shard:
         records = journal.failed
         refused: set[int] = set()
         undone = kept = 0
+        before = self.journal_refused
         if records is not None:
             ids, receipts, keep = self._roll_back(records)
             journal.take_back(keep)
@@ -269,12 +269,11 @@ class Shard:
             if ids or receipts:
                 refused = self._refuse(ids, receipts)
         self._failed_writes += 1
-        self.journal_refused += len(refused)
         now = time.monotonic()
         if not self._failing_since or now - self._failed_logged >= _LOG_EVERY_S:
             log.error("work-queue journal: %s; %d request(s) refused with %s (%d change(s) undone), %d change(s) "
-                      "kept in memory whose replies wait for the write%s", exc.strerror or exc, len(refused),
-                      JOURNAL_UNAVAILABLE, undone, kept,
+                      "kept in memory whose replies wait for the write%s", exc.strerror or exc,
+                      self.journal_refused - before, JOURNAL_UNAVAILABLE, undone, kept,
                       " (retrying every second)" if journal.dirty else "")
             self._failed_logged = now
         if not self._failing_since:
@@ -371,14 +370,25 @@ class Shard:
         return ids, receipts, keep
 
     def _refuse(self, ids: set[str], receipts: set[str]) -> set[int]:
-        """The replies of the turn that speak of undone pushes or leases become ``journal_unavailable``; a long
-        poll served with undone leases waits again instead, where it was.  -> ``id()`` of the refusals."""
+        """The replies of the turn that speak of undone pushes or leases become ``journal_unavailable`` (counted in
+        ``journal_refused``); a long poll served with undone leases waits again instead, where it was.  -> ``id()``
+        of the replies that leave now."""
         served = {id(result): (name, w) for name, w, result in self._served}
         refused: set[int] = set()
         back: list[tuple[str, Waiter]] = []
         replies = self._replies
         for k, (reply, result) in enumerate(replies):
             if result.get("ok") is not True:
+                continue
+            group = result.get("results")
+            if group is not None:   # single pushes sent together: each of the undone ones is refused
+                answers = [_UNAVAILABLE if r.get("id") in ids else r for r in group]
+                undone = sum(r is _UNAVAILABLE for r in answers)
+                if undone:
+                    self.journal_refused += undone
+                    refusal = {"ok": True, "results": answers}
+                    refused.add(id(refusal))
+                    replies[k] = (reply, refusal)
                 continue
             msg_id = result.get("id")
             many = result.get("ids")
@@ -391,8 +401,9 @@ class Shard:
                     if waiter[1].holder in self._holders:   # its connection is still there
                         back.append(waiter)
                     continue
-                refusal = {"ok": False, "error": JOURNAL_UNAVAILABLE, "retry": True}
+                refusal = dict(_UNAVAILABLE)
                 refused.add(id(refusal))
+                self.journal_refused += 1
                 replies[k] = (reply, refusal)
         if back:
             self._replies = [r for r in replies if r is not None]
@@ -412,8 +423,10 @@ class Shard:
         if "messages" in args:
             return self._push_many(q, args)
         token = args.get("token")
+        return self._push_one(q, args, tuple(token) if token is not None else None)
+
+    def _push_one(self, q: Queue, args: dict, token: tuple | None) -> dict:
         if token is not None:
-            token = tuple(token)
             stored = q.tokens.get(token)
             if stored is not None:  # sent again after a crash, and the first one was journaled: one copy
                 return self._pushed(q, stored, args)
@@ -427,6 +440,24 @@ class Shard:
         if not delay and q.name in self.waiters:
             self._wake[q.name] = q
         return self._pushed(q, msg_id, args)
+
+    def _pushes(self, args: dict, holder: tuple, reply: Reply) -> dict:
+        """Single pushes to one queue that arrived together (``pushes``: a list of push args without ``queue``),
+        each stored or refused on its own, as if sent one by one (unlike a batch push's all or nothing); one call
+        and, from another worker, one request instead of one each.  -> ``{"ok": true, "results": [...]}``."""
+        name = args.get("queue")
+        q = self.queues.get(name) if type(name) is str else None
+        if q is None:
+            q = self.queue(name)
+        token = args.get("token")
+        token = tuple(token) if token is not None else None
+        results = []
+        for i, item in enumerate(args["pushes"]):
+            try:
+                results.append(self._push_one(q, item, token + (i,) if token is not None else None))
+            except QueueError as exc:
+                results.append(exc.result())
+        return {"ok": True, "results": results}
 
     def _push_many(self, q: Queue, args: dict) -> dict:
         """A batch: ``messages`` is a list of ``(data, kind, priority, delay_ms)`` (priority and delay None: the
@@ -767,6 +798,6 @@ class Shard:
 
 
 _OPS: dict[str, Callable] = {
-    "push": Shard._push, "recv": Shard._recv, "ack": Shard._ack, "extend": Shard._extend, "nack": Shard._nack,
+    "push": Shard._push, "pushes": Shard._pushes, "recv": Shard._recv, "ack": Shard._ack, "extend": Shard._extend, "nack": Shard._nack,
     "dead": Shard._dead, "stat": Shard._stat, "purge": Shard._purge, "redrive": Shard._redrive,
 }
