@@ -539,6 +539,8 @@ def _usable_parent(path: str) -> str | None:
         return "is not a directory"
     if not os.access(path, os.W_OK | os.X_OK):
         return f"is not writable by this user (mode {stat.S_IMODE(st.st_mode):04o})"
+    if (why := _unwritable(path)) is not None:
+        return f"is not writable by this user: {why}"
     # There anyone could rename the broker's directory away and put their own in its place, endpoints included;
     # the sticky bit (as on /tmp) lets only an entry's owner rename or remove it.
     if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
@@ -555,6 +557,8 @@ def _creatable_directory(path: str) -> str | None:
         mode = stat.S_IMODE(os.stat(path).st_mode)
         if not os.access(path, os.R_OK | os.W_OK | os.X_OK):
             return f"is not readable and writable by this user (mode {mode:04o})"
+        if (why := _unwritable(path)) is not None:
+            return f"is not readable and writable by this user: {why}"
         if mode & stat.S_IWOTH:  # the journal names are fixed: anyone could plant one (sticky bit or not)
             return f"is writable by every user (mode {mode:04o}): another user could plant or replace journals"
         return None
@@ -565,8 +569,21 @@ def _creatable_directory(path: str) -> str | None:
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
         return f"cannot be created: {parent} is not a directory"
-    if not os.access(parent, os.W_OK | os.X_OK):
+    if not os.access(parent, os.W_OK | os.X_OK) or _unwritable(parent) is not None:
         return f"cannot be created: {parent} is not writable by this user"
+    return None
+
+
+def _unwritable(path: str) -> str | None:
+    """Why no directory can be made in ``path`` (the error's words), or None: found by making one and removing it.
+    The mode bits are not the whole answer: root passes every access check, yet a read-only or special file
+    system (sysfs, a read-only bind mount) refuses it, and the start would fail there with a traceback."""
+    import tempfile  # here: only a start's path check needs it
+
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".shardbroker-probe-", dir=path))
+    except OSError as exc:
+        return exc.strerror or str(exc)
     return None
 
 

@@ -37,7 +37,7 @@ from .command_socket import CommandServer
 from .config import Config, without_plaintext_passwords
 from .lameduck import LameDuck
 from .launch import WorkerProcess
-from .logs import setup_logging
+from .logs import flush_floods, setup_logging
 from .reload import Outcome, Reloader
 from .security import SecurityManager
 from .service_status import ServiceStatus
@@ -607,6 +607,9 @@ class Supervisor:
                 for slot in alive:
                     if slot.state != "dead":
                         _kill(slot.pid)
+        # The counts of lines still held back (a crash loop's "worker 0 is back" lines) come before `stopped`:
+        # operations.md promises the log ends with it, and at exit they would come after.
+        flush_floods()
         log.info("stopped")
 
 

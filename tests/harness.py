@@ -179,7 +179,8 @@ class Broker:
         return self.http("/varz")[1]
 
     def runtime_dir(self) -> str:
-        m = re.search(r"runtime directory (\S+)", self.log())
+        # the supervisor's own line: "removing stale runtime directory ..." (after a killed broker) names another
+        m = re.search(r"broker\.supervisor: runtime directory (\S+)", self.log())
         return m.group(1) if m else ""
 
 

@@ -82,6 +82,15 @@ def test_an_unwritable_runtime_dir_is_refused(tmp_path):
         cfgmod.load(None, {"runtime.dir": str(locked)})
 
 
+def test_a_directory_no_one_may_write_in_is_refused_even_for_root():
+    """sysfs refuses a new directory to every user, root included, whom the mode bits let through: the check
+    makes one, as the start would, and the start is not a traceback."""
+    with pytest.raises(cfgmod.ConfigError, match="runtime.dir: '/sys' is not writable by this user"):
+        cfgmod.load(None, {"runtime.dir": "/sys"})
+    with pytest.raises(cfgmod.ConfigError, match="queues.data_dir: '/sys/q' cannot be created: /sys is not writable"):
+        cfgmod.load(None, {"queues.data_dir": "/sys/q"})
+
+
 def test_a_bad_data_dir_stops_the_start_with_exit_2(tmp_path):
     config, message = bad_directories(tmp_path)[5]
     one_line_exit_2(start(tmp_path, config), message)

@@ -2,6 +2,7 @@
 
 The snippets are read from the documents themselves: a changed example is tested as it now reads."""
 
+import asyncio
 import json
 import os
 import re
@@ -112,6 +113,42 @@ def test_readme_configuration_is_the_defaults():
             if section_name == "security" and key == "admin_user":
                 continue   # Jolt's empty admin_user ("password": ""): no administrator, as the default
             assert getattr(getattr(defaults, section_name), key) == value, f"{section_name}.{key}"
+
+
+def test_readme_python_snippets(plain):
+    """README's NATS and Python-client blocks, as written (its ports swapped for the test broker's): the delivery
+    its comment shows arrives, and a NATS publish reaches an NDJSON subscriber as its comment says."""
+    nats_code, client_code = blocks(README, "python")
+    nats_code = nats_code.replace("4222", str(plain.ports["nats"]))
+    client_code = client_code.replace("8080", str(plain.port))
+    shown = re.search(r"# (Delivery\(.*\))", client_code).group(1)
+
+    async def run() -> None:
+        from cli.client import AsyncClient, Delivery
+
+        seen = []
+
+        async def handler(msg) -> None:
+            seen.append((msg.subject, msg.data))
+
+        async with await AsyncClient.connect("127.0.0.1", plain.port) as ndjson:
+            await ndjson.sub("chat.room1")
+            scope = {"handler": handler}
+            exec(compile("async def nats_block():\n" + _indent(nats_code) + "    await nc.drain()\n",
+                         "README.md", "exec"), scope)
+            await scope["nats_block"]()
+            assert seen == [("chat.room1", b"hello")]
+            assert (await ndjson.next_message(timeout=5)).data == "hello"   # "NDJSON subscribers ... get hello too"
+        scope = {}
+        exec(compile("async def client_block():\n" + _indent(client_code) + "    return msg\n", "README.md", "exec"),
+             scope)
+        assert await scope["client_block"]() == eval(shown, {"Delivery": Delivery})
+
+    asyncio.run(run())
+
+
+def _indent(code: str) -> str:
+    return "".join("    " + line + "\n" for line in code.splitlines())
 
 
 # -- brokerctl as README.md and docs/security.md show it --------------------------------------------------------
@@ -285,7 +322,6 @@ def test_protocol_md_info_reply(plain, secure):
     with Raw(secure.port) as c:
         assert c.request({"op": "auth", "user": "chatuser", "pass": "secret3"}) == {"ok": True}
         assert c.request({"op": "info"})["info"]["user"] == "chatuser"
-
 
 
 def test_sighup_with_a_broken_file_keeps_the_users_as_operations_md_says(tmp_path):
