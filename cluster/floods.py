@@ -48,8 +48,10 @@ class FloodFilter(logging.Filter):
         self._timer: asyncio.TimerHandle | None = None
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not logging.INFO <= record.levelno < logging.ERROR or self.interval <= 0 or getattr(record, "suppressed", None) is not None:
+        if not logging.INFO <= record.levelno < logging.ERROR or self.interval <= 0:
             return True
+        if getattr(record, "suppressed", None) is not None:
+            return True   # our own count line: counting it would hold it back, or count it again
         key = (record.name, record.levelno, record.msg if isinstance(record.msg, str) else type(record.msg))
         now = self._clock()
         due = None

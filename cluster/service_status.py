@@ -48,6 +48,7 @@ class ServiceStatus:
         self._withholding = False
         self._counters: dict[int, tuple[int, int, int, float]] = {}   # worker -> (pid, in, out, when)
         self._last_line = ""
+        self._due = 0.0       # monotonic: no counters line before this (STATUS_EVERY after any STATUS=)
         self._drain: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -64,6 +65,10 @@ class ServiceStatus:
     def set(self, text: str) -> None:
         """A change of state: said at once."""
         self._last_line = ""
+        self._said(text)
+
+    def _said(self, text: str) -> None:
+        self._due = time.monotonic() + STATUS_EVERY
         self.notifier.send(STATUS=text)
 
     # -- watchdog -------------------------------------------------------------------------------------------
@@ -90,19 +95,32 @@ class ServiceStatus:
             self._withholding = True
             log.error("watchdog: no worker ready for %.1fs; withholding pings (systemd restarts the service "
                       "unless one comes back)", now - self._none_ready_since)
-            self.notifier.send(STATUS="no worker ready: watchdog pings withheld")
+            self.set("no worker ready: watchdog pings withheld")
         return False
 
     # -- the counters line ----------------------------------------------------------------------------------
     async def _counters_loop(self) -> None:
+        """The interval counts from the last STATUS= of any kind, READY=1's included: the supervisor says that one
+        itself, so becoming ready is noticed here (within a second) and taken as a line said, and the counts then
+        are the base of the first line's rates (else it would always say 0 msg/s)."""
+        ready = False
         while True:
-            await asyncio.sleep(STATUS_EVERY)
+            await asyncio.sleep(max(1.0, self._due - time.monotonic()) if ready else 1.0)
             if self.sup.state != "ready":
+                ready = self.sup.state == "reloading" and ready   # a reload ends in "ready" again
                 continue
+            if not ready:
+                ready = True
+                self._due = time.monotonic() + STATUS_EVERY
+                await self.counters_line()
+                continue
+            if time.monotonic() < self._due:
+                continue   # a change of state was said meanwhile
             line = await self.counters_line()
+            self._due = time.monotonic() + STATUS_EVERY
             if line != self._last_line and self.sup.state == "ready":
                 self._last_line = line
-                self.notifier.send(STATUS=line)
+                self._said(line)
 
     async def counters_line(self) -> str:
         replies = [r for r in await self.sup.query({"k": "stats"}) if not r.get("unresponsive")]

@@ -34,6 +34,18 @@ def test_sigint_is_graceful(start_broker):
     assert "SIGINT: stopping gracefully" in b.log()
 
 
+def test_the_supervisors_signals_sent_to_every_process_leave_the_workers_alive(start_broker):
+    """`systemctl kill -s HUP|USR2` without --kill-whom=main, or pkill, signals the workers too: reload and lame
+    duck are the supervisor's, and a worker killed by their default action would cut its clients."""
+    b = start_broker(workers=1)
+    with Raw(b.port) as c:
+        c.request({"op": "sub", "topic": "t"})
+        for signum in (signal.SIGHUP, signal.SIGUSR2, signal.SIGINT):
+            os.kill(b.pids[0], signum)
+        assert c.request({"op": "ping"})["ok"] and pid_alive(b.pids[0])
+    assert "died" not in b.log()
+
+
 def test_second_sigint_forces_a_stop_that_is_taking_long(start_broker):
     # A subscriber that never reads, with megabytes queued to it: the graceful stop would wait the whole grace.
     b = start_broker(workers=1, grace=60, config={"limits": {"max_pending_bytes": 1 << 30}})

@@ -5,6 +5,7 @@ while that loop is stopped, nor while no worker can come back), STOPPING=1 and E
 STATUS=/ERRNO= on a fatal exit, and none of systemd's variables in a worker's environment.
 """
 
+import asyncio
 import json
 import os
 import re
@@ -14,10 +15,13 @@ import statistics
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import psutil
 import pytest
 
+from cluster.service_status import ServiceStatus
+from cluster.systemd import Notifier
 from harness import REPO, Raw, pid_alive
 from systemd_fakes import NotifyReceiver
 
@@ -78,6 +82,32 @@ def test_watchdog_pings_at_half_the_interval_from_the_supervisors_loop(start_bro
     assert during == [], during
     after = [t for t, _ in notify.with_key("WATCHDOG", after=resumed)]
     assert after and after[0] - resumed < 0.6 and len(after) >= 2
+
+
+def test_pings_stop_while_the_event_loop_is_blocked_though_the_process_runs(notify):
+    """SIGSTOP (above) stops every thread; here only the loop is stuck, as behind a blocking call: a pinger on a
+    thread would go on pinging, the supervisor's must not.  The cluster is a stand-in: a real one cannot be made to
+    block its loop from outside."""
+    async def query(message, timeout=2.0, slots=None):
+        return []
+
+    async def run() -> tuple[float, float]:
+        cluster = SimpleNamespace(state="ready", nworkers=1, slots=[SimpleNamespace(state="ready")], query=query)
+        status = ServiceStatus(Notifier(notify.address), 400_000, cluster)
+        status.start()
+        await asyncio.sleep(0.7)
+        blocked = time.monotonic()
+        time.sleep(1.0)
+        resumed = time.monotonic()
+        await asyncio.sleep(0.3)
+        status.close()
+        return blocked, resumed
+
+    blocked, resumed = asyncio.run(run())
+    pings = [t for t, _ in notify.with_key("WATCHDOG")]
+    assert len([t for t in pings if t < blocked]) >= 3, pings   # every 0.2 s
+    assert [t for t in pings if blocked + 0.05 < t < resumed] == [], (blocked, resumed, pings)
+    assert [t for t in pings if t >= resumed], pings
 
 
 def test_watchdog_usec_meant_for_another_pid_is_ignored(start_broker, notify):

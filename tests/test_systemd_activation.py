@@ -76,6 +76,21 @@ def test_one_socket_unit_with_several_ports_is_matched_by_port(tmp_path):
         ndjson.close(), nats.close()
 
 
+def test_bridge_and_qlite_listeners_are_adopted_by_name_too(tmp_path):
+    """The two names the test above does not pass (systemd-socket-activate there passes ndjson, nats, monitoring)."""
+    bridge, qlite = _listener(), _listener()
+    b = Broker(tmp_path, workers=1, args=["--bridge-port", "0", "--qlite-port", "0"],
+               **passing([qlite, bridge], "qlite:bridge"))
+    try:
+        b.start()
+        wanted = {"bridge": bridge.getsockname()[1], "qlite": qlite.getsockname()[1]}
+        assert {k: b.varz()["ports"].get(k) for k in wanted} == wanted
+        assert b.log().count("passed by systemd") == 2
+    finally:
+        b.close()
+        bridge.close(), qlite.close()
+
+
 @pytest.mark.parametrize("names,args,message", [
     ("bridge", [], "socket activation: a bridge listener was passed, but bridge.enabled is false"),
     ("shardbroker.socket", [], "socket activation: the passed listener on port {port} is named "

@@ -55,7 +55,11 @@ SESSIONS = {"ndjson": NdjsonSession, "nats": NatsSession, "bridge": BridgeSessio
 def main(index: int, epoch: int, workers: int, config: Config, runtime_dir: str, ctl_sock: socket.socket,
          security_state: tuple[list[dict], str], server_info: dict, tls_material: dict | None = None) -> None:
     """Entry point of the spawned process."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Signals for the supervisor that reach the whole process group or unit (a terminal's Ctrl-C; `systemctl kill
+    # -s HUP|USR2` without --kill-whom=main, `pkill -f brokerctl`): reload and lame duck are the supervisor's to
+    # run, and their default action would kill the worker, in lame duck every client at once.
+    for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
+        signal.signal(signum, signal.SIG_IGN)
     # A worker whose loop is stuck is sent SIGABRT by the supervisor (and a crash in C code raises one of the
     # fatal signals): faulthandler writes every thread's stack to stderr, the log, before the process dies.
     faulthandler.enable()
