@@ -56,6 +56,9 @@ class Scrape:
     accept_errors: int = 0
     tls: dict[str, int] = field(default_factory=dict)   # the supervisor's TLS handshakes (monitoring), by outcome
     tls_not_after: dict[str, float] = field(default_factory=dict)   # listener -> when its certificate expires
+    config_loaded: float = 0.0          # when the running configuration was loaded (start, or the last reload)
+    reloads: dict[str, int] = field(default_factory=dict)   # reloads by outcome: ok, failed
+    reload_ok: bool = True              # the last reload applied (true before any)
 
 
 def render(scrape: Scrape, accept: str) -> tuple[bytes, str]:
@@ -171,6 +174,18 @@ class BrokerCollector:
         yield GaugeMetricFamily("shardbroker_max_pending_bytes",
                                 "limits.max_pending_bytes: a connection with more unread is a slow consumer.",
                                 s.max_pending_bytes, unit="bytes")
+        # as Prometheus itself exports its own (prometheus_config_last_reload_successful)
+        yield GaugeMetricFamily("shardbroker_config_last_reload_successful",
+                                "1 if the last reload applied (or none was asked), 0 if it was refused and the "
+                                "running configuration kept.", 1 if s.reload_ok else 0)
+        yield GaugeMetricFamily("shardbroker_config_last_reload_success_timestamp_seconds",
+                                "When the running configuration was loaded (epoch seconds): the start, or the last "
+                                "reload that applied.", s.config_loaded, unit="seconds")
+        reloads = CounterMetricFamily("shardbroker_config_reloads", "Reloads asked (SIGHUP, brokerctl reload), by "
+                                      "outcome.", labels=("outcome",))
+        for outcome in ("ok", "failed"):
+            reloads.add_metric((outcome,), s.reloads.get(outcome, 0))
+        yield reloads
 
     def _workers(self) -> Iterator[Metric]:
         ws = self.scrape.workers

@@ -213,6 +213,7 @@ class Monitor:
             "hot_path": ",".join(sorted({r.get("hot_path", "") for r in ok})),   # compiled or pure (speedups)
             "config_load_time": _iso(cfg.loaded or sup.started),   # as nats-server: the last reload that applied
             "config_digest": cfg.digest or "",                     # sha256 of that file (`sha256sum FILE`)
+            "config_last_reload": _reload_of(sup.reloader),
             "now": _iso(now),
             "uptime": _uptime(now - sup.started),
             "mem": mem,
@@ -329,9 +330,20 @@ class Monitor:
             max_pending_bytes=cfg.limits.max_pending_bytes, queues=queues,
             breaches=dict(sup.admission.breaches),
             accept_errors=sup.acceptor.accept_errors if sup.acceptor is not None else 0,
-            tls=dict(self._http.tls_counts), tls_not_after=self._tls_not_after())
+            tls=dict(self._http.tls_counts), tls_not_after=self._tls_not_after(),
+            config_loaded=cfg.loaded or sup.started, reloads=dict(sup.reloader.outcomes),
+            reload_ok=sup.reloader.last is None or sup.reloader.last.ok)
         data, content_type = metrics.render(scrape, accept)
         return 200, Body(data, content_type)
+
+
+def _reload_of(reloader) -> dict | None:
+    """The last reload's outcome (None before any): a refused one keeps the running configuration, and only its
+    log line said so."""
+    last = reloader.last
+    if last is None:
+        return None
+    return {"ok": last.ok, "at": _iso(reloader.last_at), "error": last.error, "restart": last.restart}
 
 
 def _duration(seconds: float) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from typing import Any, Protocol
 
 from . import systemd, tls
@@ -107,6 +108,9 @@ class Reloader:
     def __init__(self, cluster: Cluster) -> None:
         self.sup = cluster
         self._lock = asyncio.Lock()  # one at a time: a second request waits, then reads the file again
+        self.last: Outcome | None = None   # the last reload's (None: none yet), for /varz and /metrics
+        self.last_at = 0.0                 # when it ended (epoch seconds)
+        self.outcomes = {"ok": 0, "failed": 0}
 
     async def reload(self, origin: str) -> Outcome:
         async with self._lock:
@@ -121,6 +125,8 @@ class Reloader:
                 log.info("%s: %s", origin, outcome.summary())
             else:
                 log.error("%s: %s", origin, outcome.summary())
+            self.last, self.last_at = outcome, time.time()
+            self.outcomes["ok" if outcome.ok else "failed"] += 1
             self.sup.set_status(outcome.summary())
             self.sup.notifier.send(READY=1)
             return outcome

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 
@@ -112,6 +113,14 @@ def test_a_restart_only_key_refuses_the_whole_reload_and_keeps_the_running_confi
     after = b.varz()
     assert (after["max_payload"], after["config_digest"], after["config_load_time"]) == \
         (before["max_payload"], before["config_digest"], before["config_load_time"])
+    # and it is visible to monitoring, not only in the log: /varz, and /metrics for an alert
+    assert before["config_last_reload"] is None
+    last = after["config_last_reload"]
+    assert last["ok"] is False and "need a restart" in last["error"] and len(last["restart"]) == 2, last
+    with urllib.request.urlopen(f"http://127.0.0.1:{b.ports['monitoring']}/metrics", timeout=10) as resp:
+        metrics = resp.read().decode()
+    assert "shardbroker_config_last_reload_successful 0.0" in metrics
+    assert 'shardbroker_config_reloads_total{outcome="failed"} 1.0' in metrics
     t_rel, _ = notify.wait_for("RELOADING", "1", after=mark)
     _, status = notify.wait_for("STATUS", after=t_rel + 1e-6)
     assert status["STATUS"].startswith("configuration not reloaded") and "nats.max_payload" in status["STATUS"]
