@@ -151,7 +151,11 @@ class Supervisor:
                                     f"{self.config.runtime.dir or runtime.default_parent()}: {exc.strerror or exc}",
                                     exc.errno or errno.EIO, EXIT_FAILED)
             log.info("runtime directory %s", self.runtime_dir)
-            code = asyncio.run(self._main())
+            try:
+                code = asyncio.run(self._main())
+            except Exception as exc:   # a bug: systemd hears it too (`systemctl status`), then the traceback
+                self.notifier.send(STATUS=f"internal error: {exc!r}", ERRNO=errno.EIO)
+                raise
             if self._fatal is not None:  # the last word: what `systemctl status` shows after the exit
                 self.notifier.send(STATUS=self._fatal[0], ERRNO=self._fatal[1])
             return code
