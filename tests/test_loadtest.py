@@ -271,17 +271,27 @@ duration = "1s"
 name = "w"
 protocol = "ndjson"
 rate = 1000
+[[workload]]
+name = "max"          # closed loop beside it: its latency is not corrected, and the results must say so
+protocol = "ndjson"
+model = "closed"
+window = 4
 [thresholds]
 lost = "== 0"
-"e2e.p99" = "< 1us"
+"w.e2e.p99" = "< 1us"
 """)
     r = _cli(str(path), "--broker", f"ndjson://127.0.0.1:{broker.port}", "--no-progress", "-o",
              str(tmp_path / "out"))
     assert r.returncode == 1, r.stderr[-3000:]
     assert "FAIL" in r.stdout and "e2e" in r.stdout
+    assert "closed_loop: max ran closed loop" in r.stdout and "NOT corrected" in r.stdout
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["passed"] is False
     assert [t["passed"] for t in summary["thresholds"]] == [True, False]
+    closed, open_ = summary["workloads"]["max"], summary["workloads"]["w"]
+    assert (closed["model"], open_["model"]) == ("closed", "open") and "closed_loop" in summary["flags"]
+    assert closed["rates"]["target"] == 0 and closed["rates"]["sent"] > 0
+    assert closed["accounting"]["lost"] == 0 and closed["accounting"]["unique"] == closed["accounting"]["published"]
 
 
 def test_bad_input_gets_one_line_and_its_exit_code(tmp_path):
@@ -299,6 +309,61 @@ def test_bad_input_gets_one_line_and_its_exit_code(tmp_path):
     assert r.returncode == 3 and "unreachable" in r.stderr and "Traceback" not in r.stderr
     r = _cli(str(ok), "--broker", "mqtt://127.0.0.1:1")
     assert r.returncode == 2 and "--broker" in r.stderr
+
+
+def test_a_scenario_cannot_loosen_the_settings_that_keep_the_load_from_running_twice():
+    base = '[[workload]]\nprotocol = "ndjson"\n[spark]\nconf = { %s }\n'
+    with pytest.raises(scenario.ScenarioError, match="spark.task.maxFailures must stay 1"):
+        scenario_of(base % '"spark.task.maxFailures" = "4"')
+    with pytest.raises(scenario.ScenarioError, match="spark.speculation"):
+        scenario_of(base % '"spark.speculation" = "true"')
+    assert scenario_of(base % '"spark.executor.memory" = "2g", "spark.speculation" = "false"').spark_conf
+
+
+def test_task_failures_are_one_line_naming_the_cause():
+    java = "\n\tat org.apache.spark.scheduler.Task.run(Task.scala:147)"
+    aborted = ("An error occurred while calling o80.collectToPython.\n: org.apache.spark.SparkException: Job "
+               "aborted due to stage failure: Stage failed because barrier task ResultTask(0, 1) finished "
+               "unsuccessfully.\norg.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+               '  File "task.py", line 21, in <module>\n%s' + java)
+    text = job._failure(Exception(aborted % "ModuleNotFoundError: No module named 'orjson'"), 2)
+    assert "cannot import orjson" in text and "Running on a cluster" in text
+    assert "cannot import this package" in job._failure(Exception(aborted % "ModuleNotFoundError: No module "
+                                                                             "named 'cli.loadtest'"), 2)
+    assert job._failure(Exception(aborted % "OSError: [Errno 24] Too many open files"), 2) == \
+        "OSError: [Errno 24] Too many open files"
+    assert job._failure(Exception(aborted % "RuntimeError: load test setup failed: task 1: refused"), 2) == \
+        "load test setup failed: task 1: refused"
+
+
+def test_the_progress_line_adds_up_one_interval_across_tasks():
+    p = job.Progress("127.0.0.1", enabled=False)
+    try:
+        p.tasks = 2
+        p.record({"task": 1, "i": 0, "sent": 0, "acked": 0, "received": 900, "p99": 1500})
+        p.record({"task": 1, "i": 1, "sent": 0, "acked": 0, "received": 1000, "p99": 2500})
+        assert p.line(time.monotonic()) is None       # the publisher has not reported second 0 yet
+        p.record({"task": 0, "i": 0, "sent": 1000, "acked": 990, "received": 0, "p99": 0})
+        assert p.line(time.monotonic()) == ("  t+   1s  sent     1,000/s  received       900/s  acked       990/s  "
+                                            "e2e p99 (worst task) 1.50 ms")
+        assert p.line(time.monotonic()) is None       # shown once
+        # A task that finished never reports again: the interval is shown anyway, a moment later.
+        assert "received     1,000/s" in p.line(time.monotonic() + 2)
+    finally:
+        p.stop()
+
+
+def test_negative_and_out_of_range_latencies_are_counted_never_dropped():
+    from hdrh.histogram import HdrHistogram
+
+    from cli.loadtest.recorder import HIGHEST_US, Recorder
+
+    rec = Recorder("r", "w", 0, 1.0, 0.0, 1.0)
+    rec.cur.e2e_cross.extend([-5, -1, 10, 20, HIGHEST_US + 1])     # cross-host skew below 0, a stall beyond 60 s
+    row = rec.roll(0.0)
+    h = HdrHistogram.decode(row["e2e_cross_hdr"])
+    assert h.get_total_count() == 5 and h.get_min_value() == 0 and h.get_max_value() >= HIGHEST_US
+    assert (row["negative_e2e"], row["clamped"]) == (2, 1)
 
 
 def test_ordered_tracker_counts_injected_faults_exactly():

@@ -235,9 +235,17 @@ def test_summary_verdict_and_notes():
     run.runs[0]["flags"] = ["clock_unsynced"]
     run.intervals[0]["e2e_corrected_hdr"] = "not a histogram"
     run.intervals[5]["clamped"] = 3
+    run.tasks[0]["model"] = run.tasks[1]["model"] = "closed"
+    run.tasks[2]["send_lag_p99_us"] = 12_500
     summary = build(run.tables, thresholds.parse({"lost": "<= 10"}, []))
     assert summary["thresholds"][0]["passed"] and not summary["passed"] and summary["status"] == "error"
-    assert summary["flags"] == ["generator_bound", "clamped", "clock_unsynced"] and summary["clamped"] == 3
+    assert summary["flags"] == ["generator_bound", "closed_loop", "clamped", "clock_unsynced"]
+    assert summary["clamped"] == 3
+    assert (summary["workloads"]["fanout"]["model"], summary["workloads"]["work"]["model"]) == ("closed", "open")
+    # Each flag that changes how the numbers read is spelled out where they are printed.
+    text = render_text(summary)
+    assert "generator_bound: task 2 (work: send lag p99 12.5ms, CPU peak 42%)" in text
+    assert "closed_loop: fanout ran closed loop" in text and "clamped: 3 latency values" in text
     assert any("could not be decoded" in note for note in summary["notes"])
     assert summary["run"]["status"] == "error"
 
@@ -320,6 +328,8 @@ def test_write_results_with_spark(spark, tmp_path):
     assert sorted(os.listdir(out / "hlog")) == sorted(
         f"{w}.{m}.hlog" for (w, m, i) in run.truth if w != "total" and i == "measure")
     _assert_charts(out)
+    page = (out / "report.html").read_text()
+    assert "start skew µs" in page and "generator_bound: task 2" in page
 
 
 @pytest.mark.slow
@@ -339,6 +349,7 @@ def test_results_without_spark_and_compare(tmp_path):
     (folder,) = [p for p in tmp_path.iterdir() if p.name.startswith("compare-")]
     assert text.splitlines()[-1] == f"compare.html: {folder / 'compare.html'}"
     assert "run1 (ndjson, 0.1.0)" in text and "run2 (ndjson, 0.1.0)" in text
+    assert text.splitlines()[2].endswith("passed (generator_bound)")   # the runs' flags beside their numbers
     for name in ("fanout", "work", "total"):
         assert os.path.getsize(folder / f"throughput-{name}.png") > 10_000
         assert os.path.getsize(folder / f"spectrum-{name}-e2e_corrected.png") > 10_000

@@ -72,6 +72,8 @@ def table(runs: list[Mapping[str, Any]], labels: list[str], sections: list[str])
               f"{'p99':>8} {'p99.9':>8} {'max':>8} {'lost':>8} {'dup':>8} {'reord':>8}  status")
     lines = [header, "-" * len(header)]
     for label, summary in zip(labels, runs):
+        # A generator-bound or closed-loop run's latency is not the broker's: say so beside its numbers.
+        flags = f" ({', '.join(summary['flags'])})" if summary.get("flags") else ""
         for name in sections:
             sec = _section(summary, name)
             r, a = sec.get("rates", {}), sec.get("accounting", {})
@@ -80,7 +82,7 @@ def table(runs: list[Mapping[str, Any]], labels: list[str], sections: list[str])
                          f"{fmt_rate(r.get('acked')):>11} {fmt_rate(r.get('received')):>11} "
                          + " ".join(f"{fmt_us(e2e.get(k)):>8}" for k in ("p50", "p99", "p99_9", "max"))
                          + f" {a.get('lost', 0):>8,} {a.get('duplicates', 0):>8,} {a.get('reordered', 0):>8,}"
-                         f"  {summary.get('status', '')}")
+                         f"  {summary.get('status', '')}{flags}")
     return "\n".join(lines)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -22,14 +23,11 @@ from collections import defaultdict
 
 from . import plan as planning
 from .accounting import merge_group
-from .scenario import Scenario
+from .scenario import SAFETY_CONF, Scenario
 
-# Settings a load test cannot run correctly without (see docs/loadtest.md, "Why these settings").
+# Settings a load test cannot run correctly without, and a stage short of slots failing in seconds, not ~10 minutes.
 REQUIRED_CONF = {
-    "spark.dynamicAllocation.enabled": "false",
-    "spark.speculation": "false",
-    "spark.task.maxFailures": "1",
-    "spark.stage.maxConsecutiveAttempts": "1",
+    **SAFETY_CONF,
     "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
     "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "3",
 }
@@ -94,7 +92,11 @@ def check_endpoints(endpoints: dict[str, str], needed: list[str]) -> None:
 
 
 class Progress:
-    """Receives the tasks' per-interval datagrams and prints one live line (stderr) while the job runs."""
+    """Receives the tasks' per-interval datagrams and prints one live line (stderr) while the job runs.
+
+    A line adds up one interval across the tasks: summing each task's latest datagram would add a subscriber's
+    second 3 to a publisher's second 2 (and show "sent 0/s, received 1,000/s" at the start).  An interval is shown
+    once every task reported it, or 1.5 s after its first report (a task that already finished never will)."""
 
     def __init__(self, host: str, enabled: bool) -> None:
         self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM)
@@ -102,35 +104,47 @@ class Progress:
         self.sock.settimeout(0.2)
         self.address = (host, self.sock.getsockname()[1])
         self.enabled = enabled
-        self.latest: dict[int, dict] = {}
+        self.tasks = 0                 # set once the plan is known
+        self.interval_s = 1.0
+        self.intervals: dict[int, dict[int, dict]] = defaultdict(dict)   # interval -> task -> datagram
+        self.first_seen: dict[int, float] = {}
+        self.shown = -1
         self.stop_flag = threading.Event()
-        self.started = time.monotonic()
         self.thread = threading.Thread(target=self._run, name="loadtest-progress", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
-        shown = 0.0
         while not self.stop_flag.is_set():
             try:
-                data = self.sock.recv(65536)
-                msg = json.loads(data)
-                self.latest[msg["task"]] = msg
-            except (OSError, ValueError, KeyError):
+                self.record(json.loads(self.sock.recv(65536)))
+            except (OSError, ValueError, KeyError, TypeError):
                 pass
-            if self.enabled and time.monotonic() - shown >= 1.0 and self.latest:
-                shown = time.monotonic()
-                self._show()
+            line = self.line(time.monotonic())
+            if self.enabled and line:
+                print(line, end="\r" if sys.stderr.isatty() else "\n", file=sys.stderr, flush=True)
 
-    def _show(self) -> None:
-        rows = list(self.latest.values())
-        sent = sum(r["sent"] for r in rows)
-        recv = sum(r["received"] for r in rows)
-        acked = sum(r["acked"] for r in rows)
-        p99 = max((r["p99"] for r in rows), default=0)
-        line = (f"  t+{max(r['i'] for r in rows) + 1:>3}s  sent {sent:>9,}/s  received {recv:>9,}/s  "
-                f"acked {acked:>9,}/s  p99 (worst task) {p99 / 1000:.2f} ms")
-        end = "\r" if sys.stderr.isatty() else "\n"
-        print(line, end=end, file=sys.stderr, flush=True)
+    def record(self, msg: dict) -> None:
+        i = int(msg["i"])
+        if i > self.shown:
+            self.intervals[i][int(msg["task"])] = msg
+            self.first_seen.setdefault(i, time.monotonic())
+
+    def line(self, now: float) -> str | None:
+        """The newest interval ready to show, if it is newer than the last one shown."""
+        ready = [i for i, rows in self.intervals.items()
+                 if len(rows) >= self.tasks or now - self.first_seen[i] >= 1.5]
+        if not ready:
+            return None
+        i = max(ready)
+        rows = list(self.intervals[i].values())
+        for old in [k for k in self.intervals if k <= i]:
+            del self.intervals[old], self.first_seen[old]
+        self.shown = i
+        per_s = 1.0 / self.interval_s
+        sent, recv, acked = (round(sum(r[k] for r in rows) * per_s) for k in ("sent", "received", "acked"))
+        p99 = max(r["p99"] for r in rows)
+        return (f"  t+{(i + 1) * self.interval_s:>4g}s  sent {sent:>9,}/s  received {recv:>9,}/s  "
+                f"acked {acked:>9,}/s  e2e p99 (worst task) {p99 / 1000:.2f} ms")
 
     def stop(self) -> None:
         self.stop_flag.set()
@@ -170,9 +184,16 @@ def _failure(exc: Exception, tasks: int) -> str:
     if "PYTHON_VERSION_MISMATCH" in text or "different version" in text:
         return ("the executors run another Python than the driver: point spark.pyspark.python (or PYSPARK_PYTHON) "
                 f"at a Python {sys.version_info.major}.{sys.version_info.minor} that has this package installed")
-    if "No module named 'cli" in text:
-        return ("the executors cannot import this package: install shardbroker[loadtest] where they run, or ship "
-                "it (docs/loadtest.md, 'Running on a cluster')")
+    missing = re.search(r"No module named '([\w.]+)'", text)
+    if missing:
+        what = "this package" if missing.group(1).split(".")[0] == "cli" else missing.group(1)
+        return (f"the executors' Python ({os.environ.get('PYSPARK_PYTHON', 'python3')}) cannot import {what}: "
+                "install shardbroker[loadtest] where they run, or ship it (docs/loadtest.md, 'Running on a cluster')")
+    if "load test setup failed:" not in text:
+        # A task's own Python exception (a traceback's last line), before Spark's "SparkException: Job aborted".
+        raised = re.search(r"^([A-Z]\w*(?:Error|Exception)): (.+)$", text, re.M)
+        if raised:
+            return f"{raised.group(1)}: {raised.group(2)}".removeprefix("RuntimeError: ")
     for marker in ("load test setup failed:", "RuntimeError:", "Exception:", "Error:"):
         at = text.find(marker)
         if at >= 0:
@@ -236,9 +257,17 @@ def _run(sc: Scenario, spark, endpoints: dict[str, str], out_dir: str, run_id: s
     from .thresholds import parse
 
     sctx = spark.sparkContext
+    # A session made elsewhere (a notebook, an earlier getOrCreate) keeps its own settings: refuse to run the load
+    # where a retried task would run it again.
+    unsafe = [f"{k}={v}" for k, v in SAFETY_CONF.items() if (sctx.getConf().get(k) or "").lower() != v]
+    if unsafe or not sctx.getConf().get("spark.barrier.sync.timeout"):
+        raise LoadTestError("the Spark session lacks the settings a load test needs (" + ", ".join(
+            unsafe or ["spark.barrier.sync.timeout"]) + "): let brokerctl loadtest create it (cli.loadtest.job."
+            "session), or set them with --conf")
     driver_host = sctx.getConf().get("spark.driver.host", "127.0.0.1")
     ticker = Progress(driver_host, progress)
     specs = planning.build(sc, run_id, endpoints, ticker.address)
+    ticker.tasks, ticker.interval_s = len(specs), sc.interval
     started = dt.datetime.now(dt.timezone.utc)
     varz_before = _varz(monitor)
     if progress:

@@ -13,10 +13,11 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cli.loadtest.summary import dense_spectrum, fmt_rate, fmt_us, render_text
+from cli.loadtest.summary import dense_spectrum, flag_notes, fmt_rate, fmt_us, render_text
 
 CHARTS = ("throughput", "latency", "spectrum", "tasks")
 _PHASE_SHADE = {"warmup": "#fde68a", "drain": "#e5e7eb"}
+_SENDING = ("publisher", "producer")
 _ROLE_COLORS = {"publisher": "#2b6cb0", "producer": "#2b6cb0", "subscriber": "#38a169", "consumer": "#38a169"}
 _METRIC_STYLE = {"e2e_corrected": "-", "e2e_raw": "--", "e2e_cross": "-.", "send_lag": ":", "ack_corrected": "-",
                  "ack_raw": "--"}
@@ -280,10 +281,11 @@ def render_html(summary: Mapping[str, Any], svgs: Mapping[str, str]) -> str:
     parts.append(_table(["", ""], info, left=2))
 
     parts.append("<h2>Throughput (measure phase)</h2>")
-    parts.append(_table(["workload", "target/s", "sent/s", "acked/s", "received/s", "measured s"],
-                        [[name, fmt_rate(s.get("rates", {}).get("target")), fmt_rate(s.get("rates", {}).get("sent")),
+    parts.append(_table(["workload", "load model", "target/s", "sent/s", "acked/s", "received/s", "measured s"],
+                        [[name, s.get("model", "") if name != "total" else "",
+                          fmt_rate(s.get("rates", {}).get("target")), fmt_rate(s.get("rates", {}).get("sent")),
                           fmt_rate(s.get("rates", {}).get("acked")), fmt_rate(s.get("rates", {}).get("received")),
-                          s.get("measure_s")] for name, s in sections]))
+                          s.get("measure_s")] for name, s in sections], left=2))
 
     parts.append("<h2>Latency (measure phase, merged histograms)</h2>")
     parts.append(_table(["workload", "metric", "count", "min", "mean", "p50", "p90", "p99", "p99.9", "p99.99", "max"],
@@ -315,14 +317,28 @@ def render_html(summary: Mapping[str, Any], svgs: Mapping[str, str]) -> str:
     flags = summary.get("flags", [])
     parts.append(f"<p>flags: {_e(', '.join(flags)) if flags else 'none'}; clamped values "
                  f"{summary.get('clamped', 0):,}; negative e2e {summary.get('negative_e2e', 0):,}</p>")
-    if summary.get("notes"):
-        parts.append("<ul>" + "".join(f"<li>{_e(n)}</li>" for n in summary["notes"]) + "</ul>")
+    notes = [*flag_notes(summary), *summary.get("notes", [])]
+    if notes:
+        parts.append("<ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
+    if summary.get("clock"):
+        parts.append("<h2>Clock offsets between hosts (measured through the broker)</h2>")
+        parts.append(_table(["publisher host", "subscriber host", "offset", "± bound", "drift ns/s", "probes"],
+                            [[c.get("pub_host"), c.get("sub_host"), fmt_us(c.get("offset_ns", 0) / 1000),
+                              fmt_us(c.get("bound_ns", 0) / 1000), f"{c.get('drift_ns_per_s', 0):+.0f}",
+                              c.get("probes")] for c in summary["clock"]], left=2))
 
     parts.append("<h2>Load balance</h2>")
     imbalance = summary.get("total", {}).get("imbalance", {})
     parts.append(_table(["role", "tasks", "min/s", "avg/s", "max/s", "stddev/s"],
                         [[role, r["tasks"], fmt_rate(r["min"]), fmt_rate(r["avg"]), fmt_rate(r["max"]),
                           fmt_rate(r["stddev"])] for role, r in imbalance.get("roles", {}).items()]))
+    parts.append(_table(["task", "workload", "role", "host", "target/s", "achieved/s", "achieved/target",
+                         "CPU peak %", "start skew µs", "send lag p99", "generator bound", "reconnects", "errors"],
+                        [[t["task"], t["workload"], t["role"], t["host"], fmt_rate(t["target_rate"]),
+                          fmt_rate(t["achieved_rate"]), t["achieved_over_target"], f"{t['cpu_peak_pct']:.0f}",
+                          t["start_skew_us"], fmt_us(t.get("send_lag_p99_us")) if t["role"] in _SENDING else "",
+                          "yes" if t["generator_bound"] else "", t["reconnects"], "; ".join(t["errors"])]
+                         for t in imbalance.get("tasks", [])], left=4))
 
     for name in CHARTS:
         if name in svgs:

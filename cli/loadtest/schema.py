@@ -46,7 +46,7 @@ SCHEMAS: dict[str, StructType] = {
         ("warmup_s", _D), ("duration_s", _D), ("interval_s", _D),
     ),
     "tasks": _struct(
-        ("run_id", _S), ("task", _I), ("attempt", _I), ("workload", _S), ("role", _S), ("host", _S),
+        ("run_id", _S), ("task", _I), ("attempt", _I), ("workload", _S), ("role", _S), ("model", _S), ("host", _S),
         ("boot_id", _S), ("pid", _I), ("executor_id", _S), ("conns", _I), ("pub_ids", ArrayType(_L)),
         ("target_rate", _D), ("achieved_rate", _D), ("start_skew_us", _L), ("wall_minus_mono_start_ns", _L),
         ("wall_minus_mono_end_ns", _L), ("cpu_user_s", _D), ("cpu_sys_s", _D), ("max_rss_bytes", _L),

@@ -152,6 +152,9 @@ class _Section:
             "spectrum": {metric: spectrum(self.latency[metric]) for metric in latency},
             "imbalance": _imbalance(self.tasks),
             "generator_bound": any(t.get("generator_bound") for t in self.tasks),
+            # A closed-loop workload has no schedule to be late against: its latency is not corrected for
+            # coordinated omission, and every view of it must say so.
+            "model": "closed" if any(t.get("model") == "closed" for t in self.tasks) else "open",
         }
 
     def _accounting(self) -> dict[str, int]:
@@ -294,6 +297,7 @@ def _imbalance(tasks: list[dict]) -> dict[str, Any]:
             "target_rate": target, "achieved_rate": achieved,
             "achieved_over_target": round(achieved / target, 4) if target else None,
             "cpu_peak_pct": float(t.get("cpu_peak_pct") or 0), "start_skew_us": int(t.get("start_skew_us") or 0),
+            "send_lag_p99_us": int(t.get("send_lag_p99_us") or 0),
             "generator_bound": bool(t.get("generator_bound")), "reconnects": int(t.get("reconnects") or 0),
             "errors": list(t.get("errors") or []),
         })
@@ -304,6 +308,8 @@ def _flags(summary: dict, tasks: list[dict], intervals: list[dict], run: Mapping
     flags: list[str] = []
     if any(t.get("generator_bound") for t in tasks):
         flags.append("generator_bound")
+    if any(t.get("model") == "closed" for t in tasks):
+        flags.append("closed_loop")
     if summary["clamped"]:
         flags.append("clamped")
     if summary["negative_e2e"]:
@@ -351,6 +357,31 @@ def fmt_rate(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
 
+def flag_notes(summary: Mapping[str, Any]) -> list[str]:
+    """What the flags that change how the numbers read mean for this run, one line each (terminal and report)."""
+    flags = summary.get("flags") or []
+    workloads = summary.get("workloads", {})
+    lines = []
+    if "generator_bound" in flags:
+        behind = [t for t in summary.get("total", {}).get("imbalance", {}).get("tasks", []) if t.get("generator_bound")]
+        which = ", ".join(f"task {t['task']} ({t['workload']}: send lag p99 {fmt_us(t.get('send_lag_p99_us'))}, "
+                          f"CPU peak {t.get('cpu_peak_pct', 0):.0f}%)" for t in behind)
+        lines.append(f"generator_bound: {which or 'a publisher task'} fell behind (send lag p99 over "
+                     "max(5 ticks, 2ms), or CPU over 85% of a core): the latency of "
+                     f"{', '.join(sorted({t['workload'] for t in behind})) or 'that workload'} measures the load "
+                     "generator as much as the broker; add publisher_tasks or lower the rate")
+    if "closed_loop" in flags:
+        closed = sorted(name for name, sec in workloads.items() if sec.get("model") == "closed")
+        lines.append(f"closed_loop: {', '.join(closed)} ran closed loop (window messages in flight): throughput "
+                     "is the most the broker took, latency is NOT corrected for coordinated omission (no target)")
+    if "negative_e2e" in flags:
+        lines.append(f"negative_e2e: {summary.get('negative_e2e', 0):,} latency values came out below 0 (clocks of "
+                     "two hosts, within the offset's bound) and were recorded as 0, not dropped")
+    if "clamped" in flags:
+        lines.append(f"clamped: {summary.get('clamped', 0):,} latency values over 60s were recorded as 60s")
+    return lines
+
+
 def render_text(summary: Mapping[str, Any]) -> str:
     """The terminal's view: rates, latency, accounting per workload, then flags, thresholds, notes and the verdict."""
     run = summary.get("run", {})
@@ -387,6 +418,11 @@ def render_text(summary: Mapping[str, Any]) -> str:
 
     if summary.get("flags"):
         lines += ["", "flags: " + ", ".join(summary["flags"])]
+        lines += [f"  {line}" for line in flag_notes(summary)]
+    for c in summary.get("clock") or []:
+        lines.append(f"clock: {c.get('pub_host')} -> {c.get('sub_host')} offset {c.get('offset_ns', 0) / 1000:+.1f}µs "
+                     f"± {c.get('bound_ns', 0) / 1000:.1f}µs, drift {c.get('drift_ns_per_s', 0):+.0f} ns/s, "
+                     f"{c.get('probes', 0)} probes")
     if summary.get("thresholds"):
         lines += ["", "thresholds:"]
         for t in summary["thresholds"]:
