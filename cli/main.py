@@ -371,7 +371,8 @@ def user_list() -> None:
                                       "work queues: qpush qwork1 qwork8 qdrain1 qdrain8 qlatency, and with batch "
                                       "producers qpushb qwork1b qwork8b.")
 @click.option("--peers", default="nats,redis", show_default=True,
-              help="Servers to compare with, started on free loopback ports if installed: nats, redis (or none).")
+              help="Servers to compare with, started on free loopback ports if installed: nats, redis (or none). "
+                   "The work-queue scenarios run on Redis Streams and, with nats, on nats-server JetStream.")
 @click.option("--protocols", default="nats,ndjson", show_default=True, help="This broker's protocols to measure.")
 @click.option("--payload", type=click.IntRange(32, 1 << 20), default=128, show_default=True, help="Bytes per message.")
 @click.option("--duration", type=click.FloatRange(0.1, 600), default=3.0, show_default=True,
