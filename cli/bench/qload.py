@@ -123,8 +123,9 @@ class QueueLoad:
             sock.setblocking(False)
             st = {"sock": sock, "kind": "cons", "out": b"", "writing": False, "buf": b"",
                   "pending": collections.deque(),   # per request sent: None (a receive) or (ids, handles) (an ack)
-                  "c": self.views.get(sock, wire).consumer(queue, name, batch, wait_ms), "ids": [], "acked": 0, "failed": [],
-                  "last_msg": 0.0, "last_ack": 0.0, "first_msg": 0.0, "lat": [], "stopped": False}
+                  "c": self.views.get(sock, wire).consumer(queue, name, batch, wait_ms),
+                  "ids": [], "acked": 0, "failed": [], "last_msg": 0.0, "last_ack": 0.0, "first_msg": 0.0, "lat": [],
+                  "stopped": False}
             cons.append(st)
             sel.register(sock, selectors.EVENT_READ, st)
 

@@ -9,8 +9,8 @@ The work-queue scenarios (``qpush``, ``qwork1``, ``qwork8``, ``qdrain1``, ``qdra
 producers ``qpushb``, ``qwork1b``, ``qwork8b``; ``qload``) run on the targets that have queues: this broker over
 NDJSON, the same broker with its queue journal off (a second instance, started only for them), Redis Streams
 with a consumer group, and nats-server JetStream (a work-queue stream in memory and a durable pull consumer, on a
-server started with ``-js`` for them).  Each run uses a fresh queue, checks afterwards that every acknowledged push was stored
-(``qpush``) or acked exactly once (the others), and removes the queue.
+server started with ``-js`` for them).  Each run uses a fresh queue, checks afterwards that every acknowledged
+push was stored (``qpush``) or acked exactly once (the others), and removes the queue.
 """
 
 from __future__ import annotations

@@ -415,15 +415,23 @@ class Shard:
         return refused
 
     # -- operations -----------------------------------------------------------------------------------------
-    def _push(self, args: dict, holder: tuple, reply: Reply) -> dict:
+    def _pushed_to(self, args: dict) -> Queue:
+        """The queue a push names, created if new (a name that cannot be a queue's raises in ``queue``)."""
         name = args.get("queue")
         q = self.queues.get(name) if type(name) is str else None
-        if q is None:
-            q = self.queue(name)
+        return q if q is not None else self.queue(name)
+
+    @staticmethod
+    def _token(args: dict) -> tuple | None:
+        """A push request's token (a list once it crossed the fabric), which names it among resends."""
+        token = args.get("token")
+        return tuple(token) if token is not None else None
+
+    def _push(self, args: dict, holder: tuple, reply: Reply) -> dict:
+        q = self._pushed_to(args)
         if "messages" in args:
             return self._push_many(q, args)
-        token = args.get("token")
-        return self._push_one(q, args, tuple(token) if token is not None else None)
+        return self._push_one(q, args, self._token(args))
 
     def _push_one(self, q: Queue, args: dict, token: tuple | None) -> dict:
         if token is not None:
@@ -445,12 +453,8 @@ class Shard:
         """Single pushes to one queue that arrived together (``pushes``: a list of push args without ``queue``),
         each stored or refused on its own, as if sent one by one (unlike a batch push's all or nothing); one call
         and, from another worker, one request instead of one each.  -> ``{"ok": true, "results": [...]}``."""
-        name = args.get("queue")
-        q = self.queues.get(name) if type(name) is str else None
-        if q is None:
-            q = self.queue(name)
-        token = args.get("token")
-        token = tuple(token) if token is not None else None
+        q = self._pushed_to(args)
+        token = self._token(args)
         results = []
         for i, item in enumerate(args["pushes"]):
             try:
@@ -463,9 +467,8 @@ class Shard:
         """A batch: ``messages`` is a list of ``(data, kind, priority, delay_ms)`` (priority and delay None: the
         request's own, or the defaults).  Every message is checked before any is stored, and they are stored
         together (one journal record) or not at all.  -> ``{"ok": true, "ids": [...]}`` in order."""
-        token = args.get("token")
+        token = self._token(args)
         if token is not None:
-            token = tuple(token)
             stored = q.tokens.get(token)
             if stored is not None:  # sent again after a crash, and the first one was journaled: one copy
                 return {"ok": True, "ids": list(stored)}
@@ -798,6 +801,6 @@ class Shard:
 
 
 _OPS: dict[str, Callable] = {
-    "push": Shard._push, "pushes": Shard._pushes, "recv": Shard._recv, "ack": Shard._ack, "extend": Shard._extend, "nack": Shard._nack,
-    "dead": Shard._dead, "stat": Shard._stat, "purge": Shard._purge, "redrive": Shard._redrive,
+    "push": Shard._push, "pushes": Shard._pushes, "recv": Shard._recv, "ack": Shard._ack, "extend": Shard._extend,
+    "nack": Shard._nack, "dead": Shard._dead, "stat": Shard._stat, "purge": Shard._purge, "redrive": Shard._redrive,
 }
