@@ -1,8 +1,8 @@
 """Listening sockets and the accept loop of the supervisor.
 
 The acceptor owns the listening sockets; it accepts and hands every connection to a worker (``handoff``), which
-adopts the fd.  Which worker is the supervisor's choice (fewest live connections).  Over a connection limit
-(cluster.admission) a client gets the protocol's own refusal line and is closed here.
+adopts the fd.  Which worker is the supervisor's choice (fewest live connections, or the listener's ``home``).
+Over a connection limit (cluster.admission) a client gets the protocol's own refusal line and is closed here.
 
 Out of file descriptors (EMFILE, ENFILE) the pending connection stays in the kernel's backlog, so the listener stays
 readable: accepting again at once would spin the event loop at 100 % CPU and log a line each time.  So that
@@ -32,6 +32,7 @@ class Listener:
     sock: socket.socket
     refusal: bytes = b""     # written before closing a connection over the limit
     refusals: dict[str, bytes] = field(default_factory=dict)   # by limit (cluster.admission), where not ``refusal``
+    home: int | None = None  # the worker its connections go to while that one is ready (qlite: its queue's owner)
 
     @property
     def address(self) -> tuple[str, int]:

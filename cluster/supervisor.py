@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from router import shardmap
 from workers import speedups
 
 from . import control, runtime, systemd, tls
@@ -222,15 +223,18 @@ class Supervisor:
             wanted.append(("qlite", cfg.bind_for(cfg.qlite.bind), cfg.qlite.port, REFUSAL))
         listeners = []
         own = {"ndjson": {PER_ADDRESS: b'{"ok":false,"error":"max_connections_per_address"}\n'}}
+        # A qlite listener serves one queue: its connections go to the queue's owner, where every request they make
+        # is answered without a hop between workers (and qlite's connection limits are the whole broker's).
+        homes = {"qlite": shardmap.owner(cfg.qlite.queue, self.nworkers)}
         for proto, host, port, refusal in wanted:
             if proto in passed:
-                listeners.append(Listener(proto, passed.pop(proto), refusal, own.get(proto, {})))
+                listeners.append(Listener(proto, passed.pop(proto), refusal, own.get(proto, {}), homes.get(proto)))
                 section = _SECTIONS[proto]
                 log.info("%s: listening on %s, passed by systemd (%s.bind and %s.port are not used)", proto,
                          listeners[-1].describe(), section, section)
                 continue
             try:
-                listeners.append(Listener(proto, bind(host, port), refusal, own.get(proto, {})))
+                listeners.append(Listener(proto, bind(host, port), refusal, own.get(proto, {}), homes.get(proto)))
             except OSError as exc:
                 for lst in listeners:
                     lst.sock.close()
@@ -537,10 +541,14 @@ class Supervisor:
 
     # -- connections ----------------------------------------------------------------------------------------
     def _handoff(self, lst: Listener, conn, address: str) -> bool:
-        ready = [s for s in self.slots if s is not None and s.state == "ready"]
-        if not ready:
-            return False
-        slot = min(ready, key=lambda s: s.live)
+        home = self.slots[lst.home] if lst.home is not None else None
+        if home is not None and home.state == "ready":
+            slot = home
+        else:   # no home, or it is being replaced: any worker (its requests wait for the owner as any others do)
+            ready = [s for s in self.slots if s is not None and s.state == "ready"]
+            if not ready:
+                return False
+            slot = min(ready, key=lambda s: s.live)
         self._next_cid += 1
         if not slot.channel.send({"k": "conn", "p": lst.protocol, "cid": self._next_cid}, sock=conn):
             return False

@@ -11,6 +11,7 @@ import os
 import struct
 import threading
 import time
+import zlib
 
 import bcrypt
 import pytest
@@ -555,8 +556,8 @@ def test_role_violations_keep_the_connection(start_broker):
         assert push(pub, b"ok") == 1 and length(sub) == 1
 
 
-def test_connection_limits_per_worker(start_broker):
-    b = start_broker(workers=1, config=qconfig())   # the limits are per worker process: one worker here
+def test_connection_limits_are_the_brokers(start_broker):
+    b = start_broker(workers=2, config=qconfig())   # every qlite connection is on the queue's owner: one set of seats
     pub = publisher(b)
     with Q(qport(b)) as conn:
         conn.send(answer(conn.greeting(), "pub2", SECRETS["pub2"]))
@@ -655,7 +656,7 @@ def test_a_poll_cancelled_by_its_close_leases_nothing(start_broker):
 
 def test_many_subscribers_share_the_work_once_each(start_broker):
     b = start_broker(workers=2, config=qconfig(max_subscribers=4))
-    subs = [subscriber(b, "sub") for _ in range(4)]   # two per worker at most (the limit is per worker)
+    subs = [subscriber(b, "sub") for _ in range(4)]
     got: list[bytes] = []
     lock = threading.Lock()
 
@@ -681,6 +682,25 @@ def test_many_subscribers_share_the_work_once_each(start_broker):
     assert sorted(got, key=int) == [b"%d" % i for i in range(200)]
     for s in subs:
         s.close()
+
+
+def test_connections_go_to_the_queues_owner(start_broker):
+    """Whatever the acceptor's balance would say: 2 workers, 5 connections, each on the owner of the queue (which
+    is worker 1 for one name and worker 0 for the other), so no request of theirs crosses to another worker."""
+    for queue in ("qlite", "work"):
+        b = start_broker(workers=2, config=qconfig(queue=queue))
+        conns = [publisher(b), subscriber(b, "sub"), subscriber(b, "sub2"), Q(qport(b)), Q(qport(b))]
+        try:
+            conns[3].greeting()
+            conns[4].greeting()
+            status, page = b.http("/connz?limit=100")
+            workers = [c["worker"] for c in page["connections"] if c["type"] == "qlite"]
+            assert status == 200 and workers == [zlib.crc32(queue.encode()) % 2] * 5, (queue, page)
+            assert push(conns[0], b"here") == 1 and hide(conns[1])[1] == b"here"
+        finally:
+            for c in conns:
+                c.close()
+            b.close()
 
 
 def test_connections_in_their_handshake_are_capped_per_worker(start_broker):
