@@ -78,19 +78,23 @@ def test_the_history_forgets_by_time_and_keeps_each_entry_its_time():
         # everything of the last 300 s is still there
         assert h.get(max(0, i - 2999)) == max(0, i - 2999) and (i - 2999 < 0 or h[i - 2999] == i - 2999)
     assert 0 not in h and h.get(0, "gone") == "gone" and h.pop(9_999) == 9_999 and 9_999 not in h
-    older = next(iter(h._old))          # set again from the older generation: one entry, the newest value
-    n = len(h)
+    older = next(iter(h._old))          # set again from the older generation: the newest value is what it holds,
+    n = len(h)                          # the stale one stays until its generation goes
     h[older] = "again"
-    assert h[older] == "again" and len(h) == n
+    assert h[older] == "again" and len(h) == n + 1
+    assert h.pop(older) == "again" and older not in h and len(h) == n - 1
 
 
 def test_the_history_takes_a_batch_as_its_entries_one_by_one():
     h = history.History(limit=100)
     h.update({i: i for i in range(40)})
     h.update({i: -i for i in range(30, 70)})   # 40 more would not fit in half the limit: a new generation
-    assert len(h) == 70 and h[35] == -35 and h[10] == 10 and 35 not in h._old
+    assert len(h) == 80 and h[35] == -35 and h[10] == 10   # the newest value shadows the older generation's
+    h[36] = "again"
+    assert h[36] == "again" and h.get(37) == -37 and 36 in h
     h.update({i: i for i in range(100, 150)})  # and again: the first batch's survivors are forgotten
-    assert 10 not in h and h[35] == -35 and len(h) == 90
+    assert 10 not in h and h[35] == -35 and h[36] == "again" and len(h) == 90
+    assert h.pop(36) == "again" and 36 not in h   # gone from both generations
 
 
 def test_served_long_polls_leave_the_due_heap():

@@ -39,20 +39,15 @@ class History:
             self._since = self._clock()
         return new
 
+    # A key set again is not looked for in the older generation: ``get`` looks in the newer first, so the newest
+    # value wins all the same, and the stale one goes with its generation.  (Most keys are receipts that just
+    # ended their leases, which no generation holds; looking for each in a dict of 50,000 cost ~0.3 µs an ack.)
     def __setitem__(self, key, value) -> None:
-        new = self._room(1)
-        if self._old:
-            self._old.pop(key, None)   # one entry per key: the newest
-        new[key] = value
+        self._room(1)[key] = value
 
     def update(self, items: dict) -> None:
         """Many entries at once (a batch of acks): one look at the clock, and the dict's own update."""
-        new = self._room(len(items))
-        old = self._old
-        if old:
-            for key in items:
-                old.pop(key, None)
-        new.update(items)
+        self._room(len(items)).update(items)
 
     def get(self, key, default=None):
         value = self._new.get(key, _MISSING)
@@ -77,6 +72,7 @@ class History:
         return default if value is _MISSING else value
 
     def __len__(self) -> int:
+        """Entries held (a key set again while its older value is kept counts twice)."""
         return len(self._new) + len(self._old)
 
     def clear(self) -> None:
