@@ -57,6 +57,12 @@ class Admission:
         self._live[cid] = _Live(worker, address)
         self._by_address[address] = self._by_address.get(address, 0) + 1
 
+    def moved(self, cid: int, worker: int) -> None:
+        """Connection ``cid`` went to another worker (workers/moves.py)."""
+        live = self._live.get(cid)
+        if live is not None:
+            live.worker = worker
+
     def closed(self, cid: int) -> int | None:
         """Connection ``cid`` is gone: the worker it was on, or None if it was not counted (already gone)."""
         live = self._live.pop(cid, None)

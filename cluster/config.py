@@ -236,6 +236,9 @@ class QueuesConfig:
     max_messages: int = field(default=1_000_000, metadata=_meta(1, 1_000_000_000))
     max_bytes: int = field(default=256 << 20, metadata=_meta(1024, 1 << 40))
     queues: list[QueueDefinition] = field(default_factory=list)
+    # An NDJSON connection whose first queue request is for a queue another worker owns moves there
+    # (workers/moves.py), so that its requests do not cross between workers
+    move_connections: bool = True
 
 
 @dataclass(frozen=True)

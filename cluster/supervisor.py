@@ -444,9 +444,12 @@ class Supervisor:
         }
 
     def _on_worker_message(self, slot: WorkerSlot, msg: dict, fds: list[int]) -> None:
+        kind = msg.get("k")
+        if kind == "move":
+            self._move(slot, msg, fds)
+            return
         for fd in fds:
             os.close(fd)
-        kind = msg.get("k")
         if kind == "hb":
             slot.last_heartbeat = time.monotonic()
         elif kind == "closed":
@@ -555,6 +558,30 @@ class Supervisor:
         slot.live += 1
         self.admission.opened(self._next_cid, slot.index, address)
         return True
+
+    def _move(self, src: WorkerSlot, msg: dict, fds: list[int]) -> None:
+        """A worker gives one of its connections to another (workers/moves.py): hand it to ``to`` if that one is
+        ready and the broker is running as usual, else back to the worker that sent it."""
+        for fd in fds[1:]:
+            os.close(fd)
+        cid = int(msg["state"]["cid"])
+        to = msg.get("to")
+        dst = self.slots[to] if type(to) is int and 0 <= to < self.nworkers else None
+        if dst is None or dst.state != "ready" or self.state not in ("ready", "reloading"):
+            dst = src
+        sock = socket.socket(fileno=fds[0]) if fds else None
+        if sock is not None and dst.state == "ready" and dst.channel.send(
+                {"k": "conn", "p": msg.get("p"), "cid": cid, "moved": msg["state"]}, sock=sock):
+            if dst is not src:
+                src.live = max(0, src.live - 1)
+                dst.live += 1
+                self.admission.moved(cid, dst.index)
+            return
+        if sock is not None:
+            sock.close()
+        log.error("connection %d could not be moved from worker %d: closed", cid, src.index)
+        if self.admission.closed(cid) == src.index:
+            src.live = max(0, src.live - 1)
 
     def live_slots(self) -> list[WorkerSlot]:
         """The workers that are running (booting or ready)."""

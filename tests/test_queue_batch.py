@@ -186,7 +186,7 @@ def test_client_qpush_many(start_broker):
 
 def test_batch_push_survives_a_killed_owner(start_broker):
     """Batch pushes, leases and acks are journaled as batch records: a replaced owner has them all."""
-    b = start_broker(workers=2)
+    b = start_broker(workers=2, config={"queues": {"move_connections": False}})   # conn stays off the owner
     conn, q = cross(b, "bpk")
     ids = pushm(conn, q, [{"data": i} for i in range(100)])["ids"]
     got = recv(conn, q, max=40, visibility_ms=60_000)

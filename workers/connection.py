@@ -58,6 +58,11 @@ class Connection(asyncio.Protocol):
     tls = False
     tls_verify = False
     tls_map = False
+    # Moving to the owner of the work queue it uses (workers/moves.py): may it still (its first queue request
+    # decides), has it gone (then its close here is no close), and what it brings when it arrives.
+    movable = False
+    moved = False
+    arriving: dict | None = None
 
     def __init__(self, hub: "Hub", cid: int) -> None:
         self.hub = hub
@@ -102,6 +107,9 @@ class Connection(asyncio.Protocol):
         if peer:
             self.peer = (peer[0], peer[1])
         self.hub.register(self)
+        if self.arriving is not None:   # from another worker, which greeted it
+            self.arrived(self.arriving)
+            return
         self._first_frame = self.hub.loop.call_later(self.hub.limits.handshake_timeout, self._first_frame_expired)
         log.debug("cid:%d %s:%d %s connection created", self.cid, self.peer[0], self.peer[1], self.protocol,
                   extra={"cid": self.cid, "peer": f"{self.peer[0]}:{self.peer[1]}", "protocol": self.protocol})
@@ -142,6 +150,10 @@ class Connection(asyncio.Protocol):
 
     def opened(self) -> None:
         """Hook for sessions that greet their client."""
+
+    def arrived(self, state: dict) -> None:
+        """Hook: taken over from another worker (workers/moves.py), which sent ``state``."""
+        raise NotImplementedError
 
     def greeted(self) -> None:
         """The first complete frame has arrived: the handshake deadline is met."""
@@ -309,6 +321,10 @@ class Connection(asyncio.Protocol):
         return self.out_bytes + self.transport.get_write_buffer_size()
 
     # -- reading --------------------------------------------------------------------------------------------
+    @property
+    def paused(self) -> bool:
+        return self._paused != 0
+
     def pause(self, reason: int) -> None:
         if not self._paused and not self.closed:
             self.transport.pause_reading()

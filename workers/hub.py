@@ -55,6 +55,8 @@ from .speedups import msg_tails
 from .workqueues.service import CONTROL_KINDS as _QUEUE_KINDS
 
 if TYPE_CHECKING:
+    import socket
+
     from cluster.config import Config
 
     from .auth import Authenticator
@@ -152,6 +154,9 @@ class Hub:
         self.supervisor_request: Callable[[dict], Awaitable[dict]] = _no_supervisor
         self.auth_failed: Callable[[str], None] = lambda address: None
         self.report_closed: Callable[[int], None] = lambda cid: None   # tell the supervisor (cluster.admission)
+        # Give a connection to another worker through the supervisor (workers/moves.py): False if it cannot go.
+        self.hand_over: Callable[[dict, socket.socket], bool] = lambda message, sock: False
+        self.moved_in = self.moved_out = 0
         self.server_info: dict = {}   # what NATS clients are told in INFO, from the supervisor
         self.queue_service: "QueueService | None" = None   # work queues (set by the worker process)
 
@@ -214,6 +219,8 @@ class Hub:
         self.msgs_out += conn.msgs_out
         self.bytes_out += conn.bytes_out
         self.wire_bytes_out += conn.flushed_total
+        if conn.moved:
+            return   # alive on another worker, which reports its close
         self.report_closed(conn.cid)
 
     def breach(self, limit: str) -> None:
@@ -894,6 +901,8 @@ class Hub:
             "out_bytes": self.bytes_out + sum(c.bytes_out for c in live),
             "out_wire_bytes": self.wire_bytes_out + sum(c.flushed_total for c in live),
             "slow_consumers": self.slow_consumers,
+            "moved_in": self.moved_in,     # connections taken over from other workers, and given to them
+            "moved_out": self.moved_out,
             "breaches": dict(self.breaches),
             "pending_polls": self.polls.total,
             # pushes and receives refused because the queue journal could not be written (a full disk)

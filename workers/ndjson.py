@@ -55,6 +55,7 @@ class NdjsonSession(Connection):
         # the queue's owner) reserves its place, and what is sent after it waits behind it (``reserve``/``fill``).
         self._slots: collections.deque[list] = collections.deque()
         self.push_group = None   # single qpushes to one queue, gathered while a read is processed (ndjson_ops)
+        self.movable = hub.config.queues.move_connections
 
     # -- replies in request order, some of them later --------------------------------------------------------
     def send(self, data: bytes) -> None:
@@ -96,6 +97,26 @@ class NdjsonSession(Connection):
             elif mapped is not None:   # a login like a password's: it counts towards max_connections_per_user
                 self.suspend()
                 asyncio.ensure_future(self._claim_certificate_user(mapped))
+
+    def arrived(self, state: dict) -> None:
+        """Taken over from another worker (workers/moves.py): who it is, and what it sent that was not processed
+        there, which goes before anything read here."""
+        self.movable = False
+        self.started = state["started"]
+        name = state.get("user")
+        if name is not None or self._secure:
+            self.user = self.hub.auth.registry.get(name) if name is not None else None
+            if self.user is None:   # deleted while it moved
+                self.send(ERR_USER_DELETED)
+                self.close()
+                return
+        # Processed here, in connection_made: whatever the socket yields next (more requests, the client's EOF)
+        # comes after it.  (Pausing the transport in connection_made would not do: uvloop starts reading anyway.)
+        self.data_received(state["data"].encode("latin-1"))
+
+    def unprocessed(self) -> tuple[list, bytes]:
+        """What was read and not processed: the held items, and the partial line after them."""
+        return list(self._held or ()), self._tail
 
     async def _claim_certificate_user(self, user) -> None:
         if not await self.hub.claim(self, user.name):

@@ -78,6 +78,12 @@ def main(index: int, epoch: int, workers: int, config: Config, runtime_dir: str,
     os._exit(code)
 
 
+def _arriving(conn, state: dict):
+    """``conn``, told what it brings from the worker it left (``Connection.arrived``)."""
+    conn.arriving = state
+    return conn
+
+
 def _run(coro, event_loop: str) -> int:
     if event_loop in ("auto", "uvloop"):
         try:
@@ -159,6 +165,7 @@ class Worker:
         self.hub.supervisor_request = self._request
         self.hub.auth_failed = lambda address: self.ctl.send({"k": "auth_fail", "ip": address})
         self.hub.report_closed = self._report_closed
+        self.hub.hand_over = lambda message, sock: self.ctl.send(message, sock=sock)
         self.hub.queue_service = workqueues.start(self.index, cfg, self.runtime_dir, self.hub)
         if cfg.qlite.enabled:  # imported only then: a worker's imports are most of its start-up
             from .workqueues.qlite import QliteSession
@@ -265,8 +272,13 @@ class Worker:
             sock.close()
             self._report_closed(cid)
             return
+        moved = msg.get("moved")
         try:
-            if not await self.tls.adopt(msg.get("p"), sock, lambda: session(hub, cid)):   # TLS: workers/tls.py
+            if moved is not None:   # from another worker (workers/moves.py): plain TCP, its client greeted
+                hub.moved_in += 1
+                loop = asyncio.get_running_loop()
+                await loop.connect_accepted_socket(lambda: _arriving(session(hub, cid), moved), sock)
+            elif not await self.tls.adopt(msg.get("p"), sock, lambda: session(hub, cid)):   # TLS: workers/tls.py
                 self._report_closed(cid)
         except OSError as exc:
             log.debug("could not adopt connection %d: %s", cid, exc)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 import orjson
 
-from workers import ndjson_codec as codec
+from workers import moves, ndjson_codec as codec
 from workers.connection import TURN_BUDGET
 from workers.message import KIND_JSON, as_json
 
@@ -130,6 +130,11 @@ def _op(op: str) -> Callable[["NdjsonSession", dict, bytes], None]:
         if session._secure and not allowed(session.user.permissions, op, queue):
             session.send(codec.reply(req, "permission_denied"))
             return
+        if session.movable:   # its first queue request: to the queue's owner, if it holds nothing here
+            to = moves.target(session, queue)
+            if to is not None:
+                moves.start(session, line, to)
+                return
         args = {key: req[key] for key in fields if key in req}
         args["queue"] = queue
         hub = session.hub

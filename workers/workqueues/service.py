@@ -86,6 +86,10 @@ class QueueService:
             self._owners[queue] = owner
         return owner
 
+    def used_by(self, cid: int) -> bool:
+        """Whether the connection ``cid`` has made a queue request here."""
+        return cid in self._used
+
     def request(self, cid: int, op: str, args: dict, reply: Reply) -> None:
         """Run ``op`` on the owner of ``args["queue"]`` (a str) for the connection ``cid``; ``reply`` gets the
         result dict."""
