@@ -203,11 +203,13 @@ class Hub:
     # -- connections ----------------------------------------------------------------------------------------
     def register(self, conn: "Connection") -> None:
         self.conns[conn.cid] = conn
-        self.total_connections += 1
+        if conn.arriving is None:   # one moved from another worker was counted there
+            self.total_connections += 1
 
     def unregister(self, conn: "Connection") -> None:
-        if self.conns.pop(conn.cid, None) is None:
-            return
+        if self.conns.get(conn.cid) is not conn:
+            return   # gone already, or moved away and (sent back by the supervisor) here again under its cid
+        del self.conns[conn.cid]
         for sub in list(conn.subs.values()):
             self.unsubscribe(sub)
         conn.subs.clear()
