@@ -215,14 +215,14 @@ class Hub:
         conn.subs.clear()
         self.held.discard(conn)
         self.backpressure.drained(conn)
-        if self.queue_service is not None:
-            self.queue_service.connection_closed(conn.cid)
-        self.polls.forget(conn.cid)
         self.msgs_out += conn.msgs_out
         self.bytes_out += conn.bytes_out
         self.wire_bytes_out += conn.flushed_total
         if conn.moved:
-            return   # alive on another worker, which reports its close
+            return   # not a close: alive on another worker, which ends its leases and waits and reports its close
+        if self.queue_service is not None:
+            self.queue_service.connection_closed(conn.cid)
+        self.polls.forget(conn.cid)
         self.report_closed(conn.cid)
 
     def breach(self, limit: str) -> None:
