@@ -15,7 +15,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(VENV)/.installed: $(BIN)/python pyproject.toml setup.py workers/_speedups.c
+$(VENV)/.installed: $(BIN)/python pyproject.toml setup.py workers/_speedups.c workers/workqueues/_qcore.c
 	$(BIN)/python -m pip install --quiet -e .
 	@touch $@
 
@@ -33,7 +33,8 @@ setup: $(VENV)/.installed
 # sure of a C compiler and Python's headers, build the extension if the first install could not.
 setup-test: $(VENV)/.installed-test
 	PYTHON=$(BIN)/python scripts/install-test-deps
-	@$(BIN)/python -c 'import workers._speedups' 2>/dev/null || $(BIN)/python -m pip install --quiet -e .
+	@$(BIN)/python -c 'import workers._speedups, workers.workqueues._qcore' 2>/dev/null \
+		|| $(BIN)/python -m pip install --quiet -e .
 
 setup-bench: $(VENV)/.installed-bench
 	PYTHON=$(BIN)/python scripts/install-test-deps
@@ -48,4 +49,4 @@ bench: setup-bench
 	$(BIN)/brokerctl bench $(ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache workers/_speedups*.so
+	rm -rf $(VENV) build *.egg-info .pytest_cache workers/_speedups*.so workers/workqueues/_qcore*.so

@@ -186,14 +186,16 @@ def test_broker_says_which_path_it_runs(start_broker):
     pure = start_broker(workers=2, env={"SHARDBROKER_NO_EXTENSIONS": "1"})
     assert pure.varz()["hot_path"] == "pure"
     assert "hot path: pure Python (SHARDBROKER_NO_EXTENSIONS is set)" in pure.log()
+    assert "work queues on the pure-Python loops (SHARDBROKER_NO_EXTENSIONS is set)" in pure.log()
     assert pure.wait_log(r"ready: .* hot_path=(\S+)").group(1) == "pure"
     if compiled is not None:
         default = start_broker(workers=1, env={"SHARDBROKER_NO_EXTENSIONS": ""})
         assert default.varz()["hot_path"] == "compiled"
         assert default.wait_log(r"ready: .* hot_path=(\S+)").group(1) == "compiled"
+        assert "pure-Python loops" not in default.log()
 
 
-# The protocol and routing tests that go through the hot path, again on the pure path (the rest of the suite runs
+# The protocol and routing tests that go through the hot paths, again on the pure ones (the rest of the suite runs
 # them, and all the others, compiled where built): byte-exact transcripts whole and split, real NATS clients
 # (wildcards, headers, UNSUB limits, echo, queue groups, request/reply), NDJSON publishing and ordering, the ping
 # barriers and routing across workers, and the NATS parser's fuzz.  What comes before or beside publishing
@@ -218,6 +220,14 @@ _PURE = {
                               "wildcard_subscriptions_across_workers"],
     "tests/test_load.py": ["slow_but_steady_subscriber_sets_the_pace_instead_of_being_cut"],
     "tests/test_fuzz.py": ["nats_split_anywhere_same_as_whole"],
+    # the work queues' loops (workers/workqueues/purecore.py): receive, ack in batches, redelivery, dead letters,
+    # counts, a receive's rendering, a replay after kill -9, and qlite's receipts
+    "tests/test_queues.py": ["push_recv_ack_round_trip_preserves_data",
+                             "visibility_expiry_redelivers_and_old_receipt_is_lost",
+                             "max_deliveries_dead_letters_and_redrive", "duplicate_ack", "batch_ack_mixed",
+                             "qstat_exact_counts"],
+    "tests/test_queue_cluster.py": ["kill_9_of_the_owner_loses_nothing_acknowledged"],
+    "tests/test_qlite.py": ["hide_expiry_redelivers_with_a_new_receipt", "many_subscribers_share_the_work_once_each"],
 }
 PURE_PATH_TESTS = [f"{path}::test_{name}" for path, names in _PURE.items() for name in names]
 

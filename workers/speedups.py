@@ -8,23 +8,28 @@ or to rule the extension out when something looks wrong.  A worker logs which pa
 
 from __future__ import annotations
 
+import importlib
 import os
+from types import ModuleType
 
 from . import purepath
 
 FORCED_PURE = os.environ.get("SHARDBROKER_NO_EXTENSIONS", "") not in ("", "0")
-MISSING = ""   # why the compiled path is not in use, when it is not
 
-if FORCED_PURE:
-    _impl = purepath
-    MISSING = "SHARDBROKER_NO_EXTENSIONS is set"
-else:
+
+def load(compiled: str, pure: ModuleType) -> tuple[ModuleType, str]:
+    """The compiled module named ``compiled`` where it was built and not ruled out, else ``pure``: -> (the module,
+    why it is not the compiled one, or "").  The work queues' loops (``workers.workqueues.core``) load the same
+    way."""
+    if FORCED_PURE:
+        return pure, "SHARDBROKER_NO_EXTENSIONS is set"
     try:
-        from . import _speedups as _impl  # type: ignore[no-redef]
+        return importlib.import_module(compiled), ""
     except ImportError as exc:
-        _impl = purepath
-        MISSING = f"the compiled extension is not built ({exc}); `pip install .` with a C compiler builds it"
+        return pure, f"the compiled extension is not built ({exc}); `pip install .` with a C compiler builds it"
 
+
+_impl, MISSING = load("workers._speedups", purepath)   # MISSING: why the compiled path is not in use, if not
 IMPLEMENTATION = "pure" if _impl is purepath else "compiled"
 scan_pubs = _impl.scan_pubs
 msg_tails = _impl.msg_tails

@@ -11,6 +11,7 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
+from . import core
 from .journal import Journal
 from .model import Settings
 from .service import QueueService
@@ -86,6 +87,9 @@ def start(index: int, config: "Config", runtime_dir: str, hub: "Hub") -> QueueSe
             _same_placement(directory, hub.workers)
         path = os.path.join(directory, f"queues-{index}.journal")
     journal = Journal(path, q.fsync if q.data_dir else "no")
+    if core.IMPLEMENTATION != "compiled":
+        log.warning("worker %d: work queues on the pure-Python loops (%s): every queued message costs more CPU",
+                    index, core.MISSING)
     defaults, configured = settings(config)
     shard = Shard(index, defaults, journal, hub.schedule_flush, config.limits.max_topic_length, configured)
     replayed = shard.replay()

@@ -29,13 +29,13 @@ are one journal record each (``leases``, ``acks``), as are batch pushes (``pushe
 from __future__ import annotations
 
 import base64
-import binascii
 import collections
 import heapq
 import os
 from dataclasses import dataclass
 from typing import Callable
 
+from . import core
 from .history import History
 
 MS = 1_000_000  # ns
@@ -196,8 +196,6 @@ class Settings:
 
 
 # -- receipts and ids --------------------------------------------------------------------------------------------
-_URLSAFE = bytes.maketrans(b"+/", b"-_")
-_b2a = binascii.b2a_base64
 _urandom = os.urandom
 _receipt_pool: list[str] = []
 _id_pool: list[str] = []
@@ -245,10 +243,7 @@ def _draw_receipts(n: int) -> list[str]:
     raw = b""
     while len(raw) < need:
         raw += _urandom(need - len(raw) + 16 + (need >> 6)).translate(None, b";\0")
-    # 16 bytes and 2 zero bytes make 24 base64 characters, whose first 22 are the 16 bytes' own encoding
-    padded = b"\0\0".join([raw[i:i + 16] for i in range(0, need, 16)]) + b"\0\0"
-    text = _b2a(padded, newline=False).translate(_URLSAFE).decode()
-    return [text[i:i + 22] for i in range(0, 24 * n, 24)]
+    return core.b64url_chunks(raw[:need], 16)
 
 
 def new_receipts(n: int) -> list[str]:
@@ -270,9 +265,7 @@ def new_ids(n: int) -> list[str]:
     """``n`` message ids: 12 random bytes each, base64url (16 characters)."""
     pool = _id_pool
     if len(pool) < n:
-        k = max(n - len(pool), _POOL)
-        text = base64.urlsafe_b64encode(_urandom(12 * k)).decode()
-        pool.extend([text[i:i + 16] for i in range(0, 16 * k, 16)])
+        pool.extend(core.b64url_chunks(_urandom(12 * max(n - len(pool), _POOL)), 12))
     out = pool[-n:]
     del pool[-n:]
     return out
@@ -486,18 +479,11 @@ class Queue:
     def _grant(self, seqs, receipts: list[str], granted: int, deadline: int, visibility: int,
                holder: tuple | None) -> None:
         """Lease the messages ``seqs`` (out of every heap already) under ``receipts``."""
-        leases, leased, deliveries = self.leases, self.leased, self.deliveries
-        again = 0
-        for seq, receipt in zip(seqs, receipts):
-            leases[receipt] = (seq, granted, deadline, visibility, holder)
-            leased[seq] = receipt
-            d = deliveries.get(seq, 0)
-            deliveries[seq] = d + 1
-            if d:
-                again += 1
+        again = core.grant(self.leases, self.leased, self.deliveries, seqs, receipts, granted, deadline, visibility,
+                           holder)
         heapq.heappush(self._deadlines, (deadline, tuple(receipts)))
         refs = self._deadline_refs = self._deadline_refs + len(receipts)
-        if refs > 2 * len(leases) + _DEADLINES_SLACK:
+        if refs > 2 * len(self.leases) + _DEADLINES_SLACK:
             self._compact_deadlines()
         self._at(deadline)
         self.delivered += len(receipts)
@@ -602,12 +588,7 @@ class Queue:
         deadline = now + visibility_ms * MS
         self._grant(seqs, receipts, now, deadline, visibility_ms, holder)
         self._journal(self.name, ("leases", seqs, receipts, now, deadline, visibility_ms))
-        store, deliveries = self.messages, self.deliveries
-        out = []
-        for seq, receipt in zip(seqs, receipts):
-            m = store[seq]
-            out.append((m[1], receipt, m[2], m[3], deliveries[seq], m[4], m[5] // MS, m[6], m[7]))
-        return out
+        return core.delivered(self.messages, self.deliveries, seqs, receipts, MS)
 
     def current(self, receipt: str, now: int) -> tuple:
         """The live lease of ``receipt`` (text, canonical), or QueueError saying what became of it."""
@@ -634,19 +615,23 @@ class Queue:
         results = []
         done = []
         size = 0
-        for receipt in receipts:
-            lease = leases.get(receipt) if type(receipt) is str else None
-            if lease is None or lease[2] <= now:   # a repeat in this batch finds its lease gone, like any repeat
-                if fates:   # (and its fate remembered)
-                    self._recent.update(fates)
-                    fates = {}
-                receipt = self._ack_other(receipt, now)
-                if type(receipt) is dict:
-                    results.append(receipt)
-                    continue
-                lease = leases[receipt]   # a live receipt spelled in another (non-canonical) way
-            seq = lease[0]
-            del leases[receipt]
+        i = 0
+        while True:
+            # the live leases named as issued, in one run each (core.ack_run), up to the first receipt that is not
+            i, run_size = core.ack_run(leases, leased, store, deliveries, receipts, i, now, fates, done, results,
+                                       _ACKED)
+            size += run_size
+            if i == len(receipts):
+                break
+            if fates:   # a repeat in this batch finds its lease gone, like any repeat (and its fate remembered)
+                self._recent.update(fates)
+                fates = {}
+            receipt = self._ack_other(receipts[i], now)
+            i += 1
+            if type(receipt) is dict:
+                results.append(receipt)
+                continue
+            seq = leases.pop(receipt)[0]   # a live receipt spelled in another (non-canonical) way
             del leased[seq]
             fates[receipt] = ("acked", seq, deliveries.pop(seq, 0))
             size += len(store.pop(seq)[3])

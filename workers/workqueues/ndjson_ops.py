@@ -21,6 +21,7 @@ from workers import moves, ndjson_codec as codec
 from workers.connection import TURN_BUDGET
 from workers.message import KIND_JSON, as_json
 
+from . import core
 from .service import allowed
 from .shard import MAX_BATCH
 
@@ -74,7 +75,7 @@ def _render(req: dict, result: dict) -> bytes:
     messages = result.get("messages")
     if messages is not None and result.get("ok"):
         tail = b"]}\n" if rid is None else b'],"id":%s}\n' % _dumps(rid)
-        return b'{"ok":true,"messages":[' + b",".join([_message(m) for m in messages]) + tail
+        return b'{"ok":true,"messages":[' + core.render_deliveries(messages, KIND_JSON, _message) + tail
     if rid is not None:
         result = dict(result, id=rid)
     return _dumps(result) + b"\n"

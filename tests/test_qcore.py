@@ -1,0 +1,200 @@
+"""The work queues' compiled loops (workers/workqueues/_qcore.c) against their pure-Python reference
+(workers/workqueues/purecore.py): the same results and the same changes to the queue's dicts, on random queues
+with live, expired, unknown and malformed receipts; and the queue protocol tests again on the pure path
+(tests/test_speedups.py runs them there with the publishing ones).
+
+As with the publishing hot path, ``make test`` requires the compiled one (``SHARDBROKER_REQUIRE_COMPILED``);
+elsewhere a missing extension skips the comparisons.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import os
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from workers import speedups
+from workers.message import KIND_JSON, KIND_RAW
+from workers.workqueues import core, purecore
+from workers.workqueues.ndjson_ops import _message
+
+try:
+    from workers.workqueues import _qcore as compiled
+except ImportError:
+    compiled = None
+
+needs_compiled = pytest.mark.skipif(compiled is None, reason="the compiled extension is not built")
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "1000"))
+FUZZ = settings(max_examples=EXAMPLES // 2, deadline=None, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def test_the_compiled_loops_are_in_use_where_the_suite_requires_it():
+    if os.environ.get("SHARDBROKER_REQUIRE_COMPILED") and not speedups.FORCED_PURE:
+        assert core.IMPLEMENTATION == "compiled", core.MISSING
+
+
+def _both(name: str, make_args, expect_error: type | None = None):
+    """Run ``name`` on each path with its own copy of the arguments: -> (pure's, compiled's) (result, args)."""
+    out = []
+    for impl in (purecore, compiled):
+        args = copy.deepcopy(make_args)
+        try:
+            result = getattr(impl, name)(*args)
+        except Exception as exc:   # noqa: BLE001 - the same exception type on both paths is part of the contract
+            result = type(exc)
+        out.append((result, args))
+    return out
+
+
+# -- receipts and ids ----------------------------------------------------------------------------------------------
+@needs_compiled
+@FUZZ
+@given(st.binary(max_size=200), st.integers(1, 40))
+def test_b64url_chunks_same_on_both_paths_and_each_decodes_to_its_chunk(raw, width):
+    texts = compiled.b64url_chunks(raw, width)
+    assert texts == purecore.b64url_chunks(raw, width)
+    assert len(texts) == len(raw) // width
+    for k, text in enumerate(texts):
+        assert base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)) == raw[k * width:(k + 1) * width]
+        assert "=" not in text and "+" not in text and "/" not in text
+
+
+@needs_compiled
+def test_b64url_chunks_refuse_bad_arguments_alike():
+    for args in ((b"abc", 0), (b"abc", -1), ("text", 3), (b"abc", "3"), (None, 3)):
+        (pure, _), (comp, _) = _both("b64url_chunks", args)
+        assert isinstance(pure, type) and pure is comp, args
+
+
+# -- random queues -------------------------------------------------------------------------------------------------
+NOW = 1_000_000
+
+
+@st.composite
+def queues(draw):
+    """A queue's state as the model keeps it: messages, leases (live and expired) and deliveries, and a batch of
+    receipts to ack: live, expired, repeated, unknown, and not text at all."""
+    n = draw(st.integers(0, 30))
+    seqs = list(range(1, n + 1))
+    store, deliveries, leases, leased = {}, {}, {}, {}
+    for seq in seqs:
+        data = draw(st.sampled_from([b'"x"', b"", b"1" * 50, b"[1,2]"]))
+        store[seq] = (seq, f"id{seq:014d}", KIND_JSON, data, draw(st.integers(0, 9)),
+                      draw(st.integers(0, 2 ** 62)), None, None, 0)
+        if draw(st.booleans()):
+            deliveries[seq] = draw(st.integers(0, 5))
+        if draw(st.booleans()):
+            receipt = f"r{seq:021d}"
+            deadline = NOW + draw(st.integers(-3, 3))
+            leases[receipt] = (seq, NOW - 10, deadline, 30_000, None)
+            leased[seq] = receipt
+    candidates = list(leases) + ["r" + "9" * 21, "", 7, None, b"bytes"]
+    batch = draw(st.lists(st.sampled_from(candidates), max_size=40)) if candidates else []
+    return store, deliveries, leases, leased, batch
+
+
+@needs_compiled
+@FUZZ
+@given(queues(), st.integers(0, 5))
+def test_ack_run_same_on_both_paths(queue, start):
+    store, deliveries, leases, leased, batch = queue
+    args = (leases, leased, store, deliveries, batch, start, NOW, {}, [], [], {"ok": True})
+    (pure, pure_args), (comp, comp_args) = _both("ack_run", args)
+    assert pure == comp
+    assert pure_args == comp_args   # every dict and list it touched, alike
+
+
+@needs_compiled
+@FUZZ
+@given(queues())
+def test_a_whole_batch_acked_in_runs_same_on_both_paths(queue):
+    """As ``Queue.ack_many`` drives it: a run, the receipt it stopped at skipped, the next run."""
+    store, deliveries, leases, leased, batch = queue
+    states = []
+    for impl in (purecore, compiled):
+        s = copy.deepcopy((leases, leased, store, deliveries, batch))
+        fates, done, results, stops, size, i = {}, [], [], [], 0, 0
+        while True:
+            i, got = impl.ack_run(*s, i, NOW, fates, done, results, "ACKED")
+            size += got
+            if i >= len(batch):
+                break
+            stops.append(i)
+            i += 1
+        states.append((s, fates, done, results, stops, size))
+    assert states[0] == states[1]
+    s, fates, done, results, stops, size = states[0]
+    assert len(done) == len(set(done)) == len(results)   # a receipt is acked once, however often it is named
+    assert not set(done) & set(s[0])                        # and its lease is gone
+
+
+@needs_compiled
+def test_ack_run_refuses_a_negative_start_and_raises_alike_on_a_broken_state():
+    (pure, _), (comp, _) = _both("ack_run", ({}, {}, {}, {}, ["a"], -1, NOW, {}, [], [], None))
+    assert pure is comp is ValueError
+    # a lease whose message is gone: KeyError on both, as the Python loop would raise it
+    broken = ({"a": (1, 0, NOW + 5, 1, None)}, {1: "a"}, {}, {}, ["a"], 0, NOW, {}, [], [], None)
+    (pure, _), (comp, _) = _both("ack_run", broken)
+    assert pure is comp is KeyError
+
+
+@needs_compiled
+@FUZZ
+@given(queues(), st.lists(st.integers(1, 35), max_size=20), st.sampled_from([None, ("c", 7)]))
+def test_grant_and_delivered_same_on_both_paths(queue, seqs, holder):
+    store, deliveries, leases, leased, _ = queue
+    receipts = [f"n{k:021d}" for k in range(len(seqs))]
+    grant = (leases, leased, deliveries, seqs, receipts, NOW, NOW + 30 * 10 ** 9, 30_000, holder)
+    (pure, pure_args), (comp, comp_args) = _both("grant", grant)
+    assert pure == comp and pure_args == comp_args
+    if isinstance(pure, type):
+        return
+    delivered = (store, pure_args[2], seqs, receipts, 1_000_000)
+    (pure, _), (comp, _) = _both("delivered", delivered)
+    assert pure == comp   # a list of D_* tuples, or KeyError where a seq has no message
+
+
+# -- a qrecv reply's messages --------------------------------------------------------------------------------------
+ids = st.one_of(st.text(alphabet="abcXYZ09-_", min_size=1, max_size=22), st.sampled_from(["é", "\u2603", "a\"b"]))
+numbers = st.one_of(st.integers(0, 20), st.integers(2 ** 62, 2 ** 70), st.integers(-5, -1), st.booleans())
+deliveries_ = st.tuples(ids, ids, st.sampled_from([KIND_JSON, KIND_RAW, 5]),
+                        st.sampled_from([b'"text"', b"{}", b"12", b"\xff\x00raw"]), numbers, numbers, numbers,
+                        st.sampled_from([None, "", "expired", "max_deliveries"]), st.sampled_from([None, "src.q"]))
+
+
+@needs_compiled
+@FUZZ
+@given(st.lists(deliveries_, max_size=12))
+def test_render_deliveries_same_on_both_paths(messages):
+    try:
+        pure = purecore.render_deliveries(messages, KIND_JSON, _message)
+    except Exception as exc:   # noqa: BLE001
+        with pytest.raises(type(exc)):
+            compiled.render_deliveries(messages, KIND_JSON, _message)
+        return
+    assert compiled.render_deliveries(messages, KIND_JSON, _message) == pure
+
+
+@needs_compiled
+def test_render_deliveries_writes_what_a_client_reads():
+    messages = [("AAAAAAAAAAAAAAAA", "B" * 22, KIND_JSON, b'{"a":[1,"\xc3\xa9"]}', 2, 9, 1_700_000_000_000, None, None),
+                ("CCCCCCCCCCCCCCCC", "D" * 22, KIND_RAW, b"\x00\xff", 1, 0, 5, None, None),
+                ("EEEEEEEEEEEEEEEE", "F" * 22, KIND_JSON, b"12", 21, 0, 6, "max_deliveries", "q")]
+    got = orjson.loads(b"[" + compiled.render_deliveries(messages, KIND_JSON, _message) + b"]")
+    assert got[0] == {"id": "AAAAAAAAAAAAAAAA", "receipt": "B" * 22, "data": {"a": [1, "é"]}, "deliveries": 2,
+                      "priority": 9, "enqueued_at": 1_700_000_000_000}
+    assert got[1]["encoding"] == "base64" and base64.b64decode(got[1]["data"]) == b"\x00\xff"
+    assert got[2]["dead_reason"] == "max_deliveries" and got[2]["source"] == "q" and got[2]["data"] == 12
+
+
+@needs_compiled
+def test_render_deliveries_refuses_a_render_that_returns_no_bytes():
+    with pytest.raises(TypeError):
+        compiled.render_deliveries([("i", "r", KIND_RAW, b"x", 1, 0, 0, None, None)], KIND_JSON, lambda m: "text")
+    assert compiled.render_deliveries([], KIND_JSON, _message) == b""

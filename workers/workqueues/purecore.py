@@ -1,0 +1,92 @@
+"""The work queues' per-message loops in pure Python: the reference, and the fallback where the compiled ones
+(``workers/workqueues/_qcore.c``) are missing.  ``workers.workqueues.core`` picks one.
+
+Both must give identical results and leave identical state for every input (tests/test_qcore.py checks them
+against each other on random queues), so any change here is a change there.  What each loop does is the queue's
+business (``model``, ``ndjson_ops``); these functions are its inner loops, with the state they touch passed in:
+
+- ``b64url_chunks``: each ``width`` bytes of ``raw`` as unpadded base64url text (receipts, message ids).
+- ``grant``: lease ``seqs`` under ``receipts``: the lease tuples, ``leased``, ``deliveries`` counted up.
+- ``delivered``: the ``model.D_*`` tuples a receive hands the protocol.
+- ``ack_run``: ack ``receipts`` from ``start`` on while each is a text with a live lease; stop at the first that
+  is not (the caller's general path answers it, then calls again after it).
+- ``render_deliveries``: a ``qrecv`` reply's messages, ``render`` (``ndjson_ops._message``) applied to each and
+  joined; the compiled one writes the common case itself (JSON data, not a dead letter) byte for byte as
+  ``render`` does.
+"""
+
+from __future__ import annotations
+
+from binascii import b2a_base64
+from typing import Callable
+
+_URLSAFE = bytes.maketrans(b"+/", b"-_")
+
+
+def b64url_chunks(raw: bytes, width: int) -> list[str]:
+    """-> ``len(raw) // width`` texts.  Each chunk is padded with zero bytes to a multiple of 3 and all are encoded
+    in one pass: the first ``ceil(4 * width / 3)`` characters of a padded chunk's encoding are the chunk's own."""
+    if width <= 0:
+        raise ValueError("width must be positive")
+    n = len(raw) // width
+    pad = -width % 3
+    if pad:
+        zeros = b"\0" * pad
+        raw = zeros.join([raw[i:i + width] for i in range(0, n * width, width)]) + zeros if n else b""
+    else:
+        raw = raw[:n * width]
+    text = b2a_base64(raw, newline=False).translate(_URLSAFE).decode()
+    chars = (4 * width + 2) // 3
+    step = (width + pad) // 3 * 4
+    return [text[i:i + chars] for i in range(0, n * step, step)]
+
+
+def grant(leases: dict, leased: dict, deliveries: dict, seqs, receipts, granted: int, deadline: int,
+          visibility: int, holder) -> int:
+    """-> how many of them had been delivered before (redeliveries)."""
+    again = 0
+    for seq, receipt in zip(seqs, receipts):
+        leases[receipt] = (seq, granted, deadline, visibility, holder)
+        leased[seq] = receipt
+        d = deliveries.get(seq, 0)
+        deliveries[seq] = d + 1
+        if d:
+            again += 1
+    return again
+
+
+def delivered(store: dict, deliveries: dict, seqs, receipts, ms: int) -> list[tuple]:
+    out = []
+    for seq, receipt in zip(seqs, receipts):
+        m = store[seq]
+        out.append((m[1], receipt, m[2], m[3], deliveries[seq], m[4], m[5] // ms, m[6], m[7]))
+    return out
+
+
+def ack_run(leases: dict, leased: dict, store: dict, deliveries: dict, receipts: list, start: int, now: int,
+            fates: dict, done: list, results: list, acked: object) -> tuple[int, int]:
+    """-> (where it stopped, the acked messages' data bytes).  Each ack: the lease and the message go, the fate
+    ``("acked", seq, deliveries)`` goes into ``fates``, the receipt into ``done``, ``acked`` into ``results``."""
+    if start < 0:
+        raise ValueError("start must not be negative")
+    size = 0
+    i = start
+    n = len(receipts)
+    while i < n:
+        receipt = receipts[i]
+        lease = leases.get(receipt) if type(receipt) is str else None
+        if lease is None or lease[2] <= now:
+            break
+        seq = lease[0]
+        del leases[receipt]
+        del leased[seq]
+        fates[receipt] = ("acked", seq, deliveries.pop(seq, 0))
+        size += len(store.pop(seq)[3])
+        done.append(receipt)
+        results.append(acked)
+        i += 1
+    return i, size
+
+
+def render_deliveries(messages: list, kind_json: int, render: Callable[[tuple], bytes]) -> bytes:
+    return b",".join([render(m) for m in messages])
