@@ -13,8 +13,10 @@ start-up, and is timed:
 
 - ``read``: ``Journal.replay()`` alone (read, check each record's CRC, unmarshal), the file's records counted;
 - ``replay``: all of ``Shard.replay()``: the records read and applied to the queues, due leases expired, and the
-  journal rewritten as the live state (``compact(force=True)``, which it does after any replay; timed apart as
-  ``compaction``).
+  journal's rewrite as the live state started (it does one after any replay, in a forked child while the worker
+  serves: ``Journal.start_rewrite``);
+- ``compaction``: how much longer that child takes to write the live state (timed until the rewritten journal is
+  in place; not part of the time a replacement worker keeps requests waiting).
 
 Reports records/s and seconds per million records (median of the runs; with no ``--consumed``, one record is one
 message pushed).  In-process, no broker, no sockets: what
@@ -89,15 +91,6 @@ async def replay(path: str, no_gc: bool = False) -> dict:
     journal.close()
 
     shard = _shard(path, 0)
-    compaction = [0.0]
-    compact = shard.compact
-
-    def timed_compact(force: bool = False) -> None:
-        c0 = time.perf_counter()
-        compact(force)
-        compaction[0] += time.perf_counter() - c0
-
-    shard.compact = timed_compact
     if no_gc:
         gc.disable()
     try:
@@ -106,10 +99,15 @@ async def replay(path: str, no_gc: bool = False) -> dict:
         replay_s = time.perf_counter() - t0
     finally:
         gc.enable()
+    # the compaction that follows a replay, in a forked child while the worker serves (Journal.start_rewrite)
+    t0 = time.perf_counter()
+    while shard.journal.rewriting and not shard.journal.finish_rewrite():
+        time.sleep(0.005)
+    compaction_s = time.perf_counter() - t0
     messages = sum(len(q.messages) for q in shard.queues.values())
     shard.journal.close()
     return {"records": records, "applied": applied, "messages": messages, "read_s": read_s, "replay_s": replay_s,
-            "compaction_s": compaction[0], "size_after": os.path.getsize(path)}
+            "compaction_s": compaction_s, "size_after": os.path.getsize(path)}
 
 
 def main() -> None:
@@ -144,11 +142,12 @@ def main() -> None:
           f"a push, journal included)" + (f"; {b['acked'] / b['consume_s']:,.0f} recv+ack/s" if b["acked"] else ""))
     print(f"read               {r['records'] / med['read_s']:,.0f} records/s ({med['read_s']:.2f} s)")
     label = "replay (no gc)" if args.no_gc else "replay"
-    print(f"{label:19}{r['records'] / med['replay_s']:,.0f} records/s ({med['replay_s']:.2f} s, of which "
-          f"compaction {med['compaction_s']:.2f} s; {r['messages']:,} messages live, journal "
+    print(f"{label:19}{r['records'] / med['replay_s']:,.0f} records/s ({med['replay_s']:.2f} s; then compaction "
+          f"in the background {med['compaction_s']:.2f} s; {r['messages']:,} messages live, journal "
           f"{r['size_after']:,} bytes after)")
     print(f"per million records {med['replay_s'] * per_million:.2f} s (reading alone "
-          f"{med['read_s'] * per_million:.2f} s, compaction {med['compaction_s'] * per_million:.2f} s)")
+          f"{med['read_s'] * per_million:.2f} s; the background compaction after it "
+          f"{med['compaction_s'] * per_million:.2f} s)")
     times = ", ".join(f"{x['replay_s']:.2f}" for x in runs)
     print(f"runs               replay {times} s")
 

@@ -21,7 +21,7 @@ class Conn:
 
     @classmethod
     async def open(cls, port: int) -> "Conn":
-        return cls(*await asyncio.open_connection("127.0.0.1", port))
+        return cls(*await asyncio.open_connection("127.0.0.1", port, limit=1 << 25))
 
     async def request(self, obj: dict) -> dict:
         self.writer.write(json.dumps(obj).encode() + b"\n")
@@ -111,6 +111,68 @@ def test_kill_9_of_the_owner_loses_nothing_acknowledged(start_broker):
     assert twice <= retried, f"stored twice without a client retry: {sorted(twice - retried)[:10]}"
     assert stat["messages"] == 0 and stat["in_flight"] == 0, stat
     assert "replayed" in broker.log(), broker.log()[-2000:]
+
+
+def test_compaction_in_the_background_keeps_what_came_meanwhile_through_a_kill_9(start_broker):
+    """The journal compacts in a forked child while pushes go on (workers/workqueues/journal.py); the pushes
+    acknowledged meanwhile are in the compacted journal: a kill -9 right after loses none of them."""
+    broker = start_broker(workers=2, config={"queues": {"move_connections": False}})
+    queue = next(q for q in (f"compact.{i}" for i in range(100)) if zlib.crc32(q.encode()) % 2 == 1)
+    owner_pid = next(w["pid"] for w in broker.varz()["workers"] if w["worker"] == 1)
+    runtime = broker.wait_log(r"runtime directory (\S+)").group(1)
+    journal = os.path.join(runtime, "queues-1.journal")
+    big = "x" * 1_000_000
+
+    async def run():
+        producer = await on_worker(broker.port, 0)   # on the worker that survives
+        consumer = await on_worker(broker.port, 0)
+        # 70 MB of journal, all of it acked: past the 64 MiB at which it is compacted, and mostly dead
+        for _ in range(70):
+            assert (await producer.request({"op": "qpush", "queue": queue, "data": big}))["ok"]
+        got = 0
+        while got < 70:
+            reply = await consumer.request({"op": "qrecv", "queue": queue, "max": 10})
+            got += len(reply["messages"])
+            acks = await consumer.request({"op": "qack", "queue": queue,
+                                           "receipts": [m["receipt"] for m in reply["messages"]]})
+            assert all(r["ok"] for r in acks["results"]), acks
+        assert os.path.getsize(journal) > 64 << 20
+        stored: list[int] = []   # pushed while the child wrote and after it, until 200 after its file took over
+        done_at = None
+        deadline = time.monotonic() + 20
+        while done_at is None or len(stored) < done_at + 200:
+            assert time.monotonic() < deadline, broker.log()[-3000:]
+            reply = await producer.request({"op": "qpush", "queue": queue, "data": len(stored)})
+            assert reply["ok"], reply
+            stored.append(len(stored))
+            if done_at is None and "journal compacted in the background" in broker.log():
+                done_at = len(stored)
+        compacted = os.path.getsize(journal)
+        os.kill(owner_pid, signal.SIGKILL)
+        received: list[int] = []
+        deadline = time.monotonic() + 30
+        while len(received) < len(stored):
+            assert time.monotonic() < deadline, (len(received), len(stored))
+            reply = await consumer.request({"op": "qrecv", "queue": queue, "max": 100, "wait_ms": 200})
+            if not reply["ok"]:
+                assert reply.get("retry"), reply   # the owner is being replaced
+                await asyncio.sleep(0.05)
+                continue
+            received += [m["data"] for m in reply["messages"]]
+            if reply["messages"]:
+                await consumer.request({"op": "qack", "queue": queue,
+                                        "receipts": [m["receipt"] for m in reply["messages"]]})
+        producer.close()
+        consumer.close()
+        return stored, received, compacted
+
+    stored, received, compacted = asyncio.run(run())
+    assert compacted < 16 << 20                       # the dead 70 MB are gone
+    assert sorted(received) == stored                 # every acknowledged push once, nothing else
+    assert "replayed" in broker.log()
+    # the replacement compacts what it replayed in the background too, and leaves no file of it behind
+    broker.wait_log(r"worker 1: journal compacted in the background(?s:.*)worker 1: journal compacted")
+    assert not any(p.endswith(".tmp") or ".rewrite-" in p for p in os.listdir(os.path.dirname(journal)))
 
 
 def test_queuez_reports_each_queue_from_its_owner(start_broker):

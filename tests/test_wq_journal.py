@@ -1,11 +1,13 @@
 """The work-queue journal's file format, without a broker: round trips, group commit, torn tails, compaction."""
 
 import errno
+import glob
 import logging
 import marshal
 import os
 import stat
 import struct
+import time
 import zlib
 
 import pytest
@@ -324,6 +326,90 @@ def test_rewrite_over_a_stale_tmp(tmp_path):
     assert replay(path) == RECORDS[:2]
 
 
+# -- compaction in the background ----------------------------------------------------------------------------------
+def _finish(j, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not j.finish_rewrite():
+        assert time.monotonic() < deadline, "the rewrite's child did not finish"
+        time.sleep(0.01)
+
+
+def test_background_rewrite_keeps_what_was_appended_while_it_ran(tmp_path):
+    path = tmp_path / "j"
+    j = Journal(str(path))
+    for queue, record in RECORDS:
+        j.append(queue, record)
+    j.commit()
+    before = j.size
+    live = RECORDS[:2]
+    gate = tmp_path / "go"
+
+    def snapshot():   # the child's: it waits, so that the owner's appends land while it runs
+        while not gate.exists():
+            time.sleep(0.005)
+        yield from live
+
+    j.start_rewrite(snapshot)
+    assert j.rewriting and not j.finish_rewrite()          # still writing
+    j.append(*RECORDS[2])
+    j.commit()
+    j.append(*RECORDS[3])
+    assert not j.finish_rewrite() and j.rewriting          # not with records buffered
+    j.commit()
+    gate.touch()
+    _finish(j)
+    assert not j.rewriting and glob.glob(str(path) + ".rewrite-*") == []
+    assert j.size == os.path.getsize(path) < before + 1000
+    assert replay(path) == live + RECORDS[2:4]             # the state at the fork, then what came after
+    j.append(*RECORDS[4])
+    j.close()
+    assert replay(path) == live + RECORDS[2:5]
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+
+def test_a_failed_background_rewrite_keeps_the_old_journal(tmp_path):
+    path = tmp_path / "j"
+    j = Journal(str(path))
+    for queue, record in RECORDS:
+        j.append(queue, record)
+    j.commit()
+
+    def full_disk():
+        yield RECORDS[0]
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    j.start_rewrite(full_disk)
+    with pytest.raises(OSError) as failed:
+        _finish(j)
+    assert failed.value.errno == errno.ENOSPC
+    assert not j.rewriting and glob.glob(str(path) + ".rewrite-*") == []
+    j.append(*RECORDS[0])
+    j.close()
+    assert replay(path) == RECORDS + RECORDS[:1]
+
+
+def test_close_stops_a_background_rewrite_and_a_new_journal_clears_a_stale_one(tmp_path):
+    path = tmp_path / "j"
+    j = Journal(str(path))
+    j.append(*RECORDS[0])
+    j.commit()
+
+    def forever():
+        while True:
+            time.sleep(0.01)
+            yield RECORDS[1]
+
+    j.start_rewrite(forever)
+    pid = j._rewriting[0]
+    j.close()
+    assert glob.glob(str(path) + ".rewrite-*") == []
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)                        # killed and reaped
+    (tmp_path / "j.rewrite-12345").write_bytes(b"left by a worker killed while its child wrote")
+    assert replay(path) == RECORDS[:1]
+    assert glob.glob(str(path) + ".rewrite-*") == []
+
+
 def test_path_none_is_off(tmp_path):
     j = Journal(None)
     for queue, record in RECORDS:
@@ -550,7 +636,9 @@ def test_batch_records_replay_to_the_same_queue(tmp_path):
         live = _state(q)
         assert len(q.tokens[(1, 2, 3)]) == 100              # a resent batch is known by its token
         replayed = Shard(0, Settings(), Journal(path), lambda: None, 256)
-        replayed.replay()                                      # replays, then compacts (a snapshot)
+        replayed.replay()                                      # replays, then compacts (a snapshot)...
+        assert replayed.journal.rewriting
+        _finish(replayed.journal)                              # ... written in the background
         assert _state(replayed.queue("jobs")) == live
         again_replayed = Shard(0, Settings(), Journal(path), lambda: None, 256)
         again_replayed.replay()                                # from the snapshot this time
@@ -665,3 +753,17 @@ def test_receipt_and_id_pools():
         os._exit(0)
     os.waitpid(pid, 0)
     assert os.read(r, 1) == b"1"
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_a_rewrite_fsyncs_only_a_journal_that_must_outlive_the_machine(tmp_path, monkeypatch, durable):
+    calls = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(fd), real(fd)))
+    j = Journal(str(tmp_path / "j"), durable=durable)
+    j.append(*RECORDS[0])
+    j.commit()
+    j.rewrite(RECORDS[:2])
+    j.close()
+    assert bool(calls) is durable   # the file, and its directory for the rename
+    assert replay(tmp_path / "j") == RECORDS[:2]

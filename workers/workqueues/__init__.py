@@ -86,7 +86,7 @@ def start(index: int, config: "Config", runtime_dir: str, hub: "Hub") -> QueueSe
         if q.data_dir:
             _same_placement(directory, hub.workers)
         path = os.path.join(directory, f"queues-{index}.journal")
-    journal = Journal(path, q.fsync if q.data_dir else "no")
+    journal = Journal(path, q.fsync if q.data_dir else "no", durable=bool(q.data_dir))
     if core.IMPLEMENTATION != "compiled":
         log.warning("worker %d: work queues on the pure-Python loops (%s): every queued message costs more CPU",
                     index, core.MISSING)

@@ -41,19 +41,33 @@ cannot be rebuilt from a journal with a hole in it).
 
 Compaction.  ``rewrite`` writes the live state as a fresh set of records (in batch records of up to 1,024) to
 ``<path>.tmp``, fsyncs it, and renames it over the journal (``os.replace``: atomic, a crash leaves either the old
-journal or the new one), then appends to the new file.
+journal or the new one), then appends to the new file.  That stops the owner's event loop for as long as the
+writing takes (~0.5 s per million live messages), so while the broker serves, compaction runs in the background
+as Redis rewrites its AOF: ``start_rewrite`` forks a child that writes the state as it was at the fork to
+``<path>.rewrite-<pid>`` while the owner goes on appending to the journal; once the child is done,
+``finish_rewrite`` appends to that file what the journal gained since the fork (whole records: the fork was at a
+commit) and renames it over the journal.  Replaying it is replaying the old one: the same state at the fork, then
+the same records.  A child that fails (a full disk) leaves the journal as it was; one whose worker died exits
+without renaming anything, and the replacement clears its file away.
+
+A journal that only has to outlive its worker (``durable`` false: the runtime directory, no ``queues.data_dir``)
+is never fsynced, not even by a rewrite: the page cache survives a process, and the machine's crash takes the
+runtime directory's meaning with it.
 """
 
 from __future__ import annotations
 
+import gc
+import glob
 import itertools
 import logging
 import marshal
 import os
+import signal
 import struct
 import time
 import zlib
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 log = logging.getLogger("broker.journal")
 
@@ -74,6 +88,7 @@ _write = os.write
 _sync = getattr(os, "fdatasync", os.fsync)
 _monotonic = time.monotonic
 _OPEN_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+_MAX_FD = os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 1 << 16
 
 
 def encode(queue: str, record: tuple) -> bytes:
@@ -93,11 +108,14 @@ def _write_all(fd: int, data: bytes) -> None:
 class Journal:
     """The journal of one shard; ``path`` None turns journaling off (everything a no-op, nothing replayed)."""
 
-    def __init__(self, path: str | None, fsync: str = "no") -> None:
+    def __init__(self, path: str | None, fsync: str = "no", durable: bool = True) -> None:
         if fsync not in FSYNC_MODES:
             raise ValueError(f"journal fsync must be one of {', '.join(FSYNC_MODES)}, not {fsync!r}")
         self.path = path
         self.fsync = fsync
+        self.durable = durable            # to survive the machine (a rewrite fsyncs), not only the worker
+        self._rewriting: tuple[int, str, int] | None = None   # a background rewrite: (child pid, its file, fork's size)
+        self._rewrite_status: int | None = None                # its exit status, once reaped
         self._enabled = path is not None
         self._pending: list[tuple[str, tuple]] = []   # appended, not yet encoded
         self._buf: list[bytes] = []                   # encoded, not yet written (a failed write's, to retry)
@@ -110,6 +128,11 @@ class Journal:
         self._unsynced = False            # written since the last fsync (everysec)
         if path is not None:
             self._fd = os.open(path, _OPEN_FLAGS, 0o600)
+            for stale in glob.glob(glob.escape(path) + ".rewrite-*"):   # an earlier worker's, never finished
+                try:
+                    os.unlink(stale)
+                except OSError:
+                    pass
             self._size = os.fstat(self._fd).st_size
 
     # -- writing ------------------------------------------------------------------------------------------------
@@ -290,47 +313,166 @@ class Journal:
             raise ValueError("journal is closed")
         path = self.path
         assert path is not None
+        self.abort_rewrite()
         tmp = path + ".tmp"
         fd = os.open(tmp, _OPEN_FLAGS | os.O_TRUNC, 0o600)
-        size = 0
         try:
-            chunk: list[bytes] = []
-            pending = 0
-            batch: list[tuple[str, tuple]] = []
-            for item in itertools.chain(items, (None,)):
-                if item is not None:
-                    batch.append(item)
-                    if len(batch) < _REWRITE_BATCH:
-                        continue
-                if not batch:
-                    continue
-                data = self._encode(batch, strict=True)   # batch records of up to _REWRITE_BATCH
-                batch = []
-                chunk.append(data)
-                pending += len(data)
-                if pending >= _CHUNK:
-                    _write_all(fd, b"".join(chunk))
-                    size += pending
-                    chunk.clear()
-                    pending = 0
-            if chunk:
-                _write_all(fd, b"".join(chunk))
-                size += pending
-            os.fsync(fd)
-            os.replace(tmp, path)
+            size = self._write_records(fd, items)
+            self._put_in_place(fd, tmp)
         except BaseException:
             os.close(fd)
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            _unlink(tmp)
             raise
+        self._size = size
+
+    def _write_records(self, fd: int, items: Iterable[tuple[str, tuple]], alive: Callable[[], bool] | None = None
+                       ) -> int:
+        """Write ``items`` to ``fd`` as batch records of up to _REWRITE_BATCH, ``_CHUNK`` at a time; ``alive`` is
+        asked before each write (a background rewrite's: its worker is still there).  -> the bytes written."""
+        size = 0
+        chunk: list[bytes] = []
+        pending = 0
+        batch: list[tuple[str, tuple]] = []
+        for item in itertools.chain(items, (None,)):
+            if item is not None:
+                batch.append(item)
+                if len(batch) < _REWRITE_BATCH:
+                    continue
+            if not batch:
+                continue
+            data = self._encode(batch, strict=True)
+            batch = []
+            chunk.append(data)
+            pending += len(data)
+            if pending >= _CHUNK:
+                if alive is not None and not alive():
+                    raise InterruptedError("the journal's worker is gone")
+                _write_all(fd, b"".join(chunk))
+                size += pending
+                chunk.clear()
+                pending = 0
+        if chunk:
+            _write_all(fd, b"".join(chunk))
+            size += pending
+        return size
+
+    def _put_in_place(self, fd: int, tmp: str) -> None:
+        """``tmp`` (open as ``fd``, complete) becomes the journal, which goes on appending to it."""
+        assert self.path is not None and self._fd is not None
+        if self.durable:
+            os.fsync(fd)
+        os.replace(tmp, self.path)
         old, self._fd = self._fd, fd
         os.close(old)
-        self._size = size
         self._unsynced = False
         self._synced_at = _monotonic()
-        _sync_dir(os.path.dirname(os.path.abspath(path)))
+        if self.durable:
+            _sync_dir(os.path.dirname(os.path.abspath(self.path)))
+
+    # -- compaction in the background ---------------------------------------------------------------------------
+    @property
+    def rewriting(self) -> bool:
+        return self._rewriting is not None
+
+    def start_rewrite(self, items: Callable[[], Iterable[tuple[str, tuple]]]) -> None:
+        """Fork a child that writes ``items()``, the live state as it is now, to a file of its own; this process
+        goes on appending to the journal, and ``finish_rewrite`` puts the child's file in its place.  Only right
+        after ``commit`` (what the fork sees must be what the file holds), and one at a time."""
+        if not self._enabled or self._fd is None or self._rewriting is not None:
+            return
+        if self._buf or self._pending or self._torn:
+            raise AssertionError("journal rewrite with uncommitted records: commit first")
+        parent = os.getpid()
+        tmp = f"{self.path}.rewrite-{parent}"
+        fd = os.open(tmp, _OPEN_FLAGS | os.O_TRUNC, 0o600)
+        try:
+            pid = os.fork()
+        except BaseException:
+            os.close(fd)
+            _unlink(tmp)
+            raise
+        if pid == 0:   # the child: write, and leave without running anything of the worker's
+            code = 255
+            try:
+                signal.set_wakeup_fd(-1)   # a signal here is this child's, not news for the worker's event loop
+                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+                    signal.signal(sig, signal.SIG_DFL)
+                # The worker's sockets must close when the worker closes them, not when this child exits too.
+                os.closerange(3, fd)
+                os.closerange(fd + 1, _MAX_FD)
+                gc.disable()               # nothing to collect in a process that lives for one loop
+                self._write_records(fd, items(), alive=lambda: os.getppid() == parent)
+                if self.durable:
+                    os.fsync(fd)
+                code = 0
+            except OSError as exc:
+                code = exc.errno if exc.errno and 0 < exc.errno < 255 else 255
+            except BaseException:
+                pass
+            finally:
+                os._exit(code)
+        os.close(fd)
+        self._rewriting = (pid, tmp, self._size)
+        self._rewrite_status = None
+
+    def rewrite_done(self) -> bool:
+        """The background rewrite's child has exited (reaped now if it just did)."""
+        if self._rewriting is None:
+            return False
+        if self._rewrite_status is None:
+            pid, status = os.waitpid(self._rewriting[0], os.WNOHANG)
+            if pid == 0:
+                return False
+            self._rewrite_status = status
+        return True
+
+    def finish_rewrite(self) -> bool:
+        """Once the child is done and the journal committed: append what the journal gained since the fork to
+        the child's file and make it the journal.  -> True if it did; False if not yet (the child still writes,
+        records are buffered).  A failed child, or a failure here, raises OSError; the journal stays as it was."""
+        if not self.rewrite_done() or self._buf or self._pending or self._torn:
+            return False
+        assert self._rewriting is not None and self._rewrite_status is not None and self._fd is not None
+        (_, tmp, start), status = self._rewriting, self._rewrite_status
+        self._rewriting = self._rewrite_status = None
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0:
+            _unlink(tmp)
+            if 0 < code < 255:
+                raise OSError(code, f"the compaction's child failed: {os.strerror(code)}")
+            raise OSError(f"the compaction's child failed (exit status {code})")
+        fd = os.open(tmp, _OPEN_FLAGS, 0o600)
+        try:
+            offset = start
+            while offset < self._size:
+                data = os.pread(self._fd, min(_CHUNK, self._size - offset), offset)
+                if not data:
+                    raise OSError(f"the journal ends at {offset}, short of {self._size}")
+                _write_all(fd, data)
+                offset += len(data)
+            size = os.fstat(fd).st_size
+            self._put_in_place(fd, tmp)
+        except BaseException:
+            os.close(fd)
+            _unlink(tmp)
+            raise
+        self._size = size
+        return True
+
+    def abort_rewrite(self) -> None:
+        """Stop a background rewrite, if one runs, and remove its file."""
+        if self._rewriting is None:
+            return
+        pid, tmp, _ = self._rewriting
+        self._rewriting = None
+        if self._rewrite_status is None:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+        self._rewrite_status = None
+        _unlink(tmp)
 
     # -- the rest -------------------------------------------------------------------------------------------------
     @property
@@ -343,6 +485,7 @@ class Journal:
         fd = self._fd
         if fd is None:
             return
+        self.abort_rewrite()
         try:
             self.commit()
             if self._unsynced:
@@ -351,6 +494,13 @@ class Journal:
             self._fd = None
             self._unsynced = False
             os.close(fd)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _sync_dir(directory: str) -> None:

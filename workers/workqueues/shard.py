@@ -43,7 +43,11 @@ MAX_WAIT_MS = 300_000
 MAX_WAITERS_PER_CONNECTION = 1000
 MAX_WAITERS_PER_QUEUE = 100_000
 DEFAULT_PRIORITY = 4
-_COMPACT_MIN = 64 << 20     # rewrite the journal once it is this large and mostly dead records
+# Rewrite the journal once it holds this much of what is gone, and more of that than of what is live: a rewrite
+# costs the live bytes it writes and pays with the dead ones it drops, so its cost stays below what was appended
+# (a queue drained from a backlog is not rewritten halfway, only once mostly gone), and the file stays below twice
+# the live state plus this.
+_COMPACT_DEAD = 64 << 20
 # The shard's heap of due times keeps a long poll's deadline until it comes, even when the poll was served at once
 # (the usual case).  Once it holds more than twice what is live after its last rebuild plus this, it is rebuilt
 # with what is live (each queue's next due time, each waiting poll's deadline): its size follows the polls waiting,
@@ -739,7 +743,11 @@ class Shard:
             self._settle(q, now)
         if count:
             try:
-                self.compact(force=True)
+                if clock is not None and clock[1] != _boot_id():
+                    self.compact(force=True)   # the old boot's deadlines must not be replayed again: rewrite now
+                else:   # in the background: the worker serves meanwhile (a million messages: ~0.8 s less)
+                    self.journal.commit()
+                    self.journal.start_rewrite(self._snapshot)
             except OSError as exc:   # a full disk: the journal stays as it was, and the worker starts all the same
                 log.error("work-queue journal: compaction at start failed: %s; the journal is kept as it is",
                           exc.strerror or exc)
@@ -763,15 +771,24 @@ class Shard:
                     "wall clock", self.index)
 
     def compact(self, force: bool = False) -> None:
-        """Rewrite the journal as the live state once it is large and mostly records of what is gone."""
+        """Rewrite the journal as the live state once it is large and mostly records of what is gone: in the
+        background while serving (``Journal.start_rewrite``), at once when ``force``d (at start)."""
         journal = self.journal
         if journal.dirty:
             if not force:   # the turn's flush writes it (or it waits for a disk with room): compact next time
                 return
             journal.commit()
+        if journal.rewriting and not force:
+            before = journal.size
+            if journal.finish_rewrite():
+                log.info("worker %d: journal compacted in the background: %d bytes, was %d", self.index,
+                         journal.size, before)
+            return
         live = sum(q.bytes + 96 * (len(q.messages) + len(q.leases)) for q in self.queues.values())
-        if force or (journal.size >= _COMPACT_MIN and live * 2 < journal.size):
+        if force:
             journal.rewrite(self._snapshot())
+        elif journal.size - live >= _COMPACT_DEAD and live * 2 < journal.size:
+            journal.start_rewrite(self._snapshot)
 
     def _snapshot(self):
         yield "", _clock()
