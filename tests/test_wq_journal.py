@@ -334,12 +334,18 @@ def _finish(j, timeout=10.0):
         time.sleep(0.01)
 
 
-def test_background_rewrite_keeps_what_was_appended_while_it_ran(tmp_path):
-    path = tmp_path / "j"
+def _committed(path, records=RECORDS):
+    """A journal open on ``path`` with ``records`` committed as one turn."""
     j = Journal(str(path))
-    for queue, record in RECORDS:
+    for queue, record in records:
         j.append(queue, record)
     j.commit()
+    return j
+
+
+def test_background_rewrite_keeps_what_was_appended_while_it_ran(tmp_path):
+    path = tmp_path / "j"
+    j = _committed(path)
     before = j.size
     live = RECORDS[:2]
     gate = tmp_path / "go"
@@ -369,10 +375,7 @@ def test_background_rewrite_keeps_what_was_appended_while_it_ran(tmp_path):
 
 def test_a_failed_background_rewrite_keeps_the_old_journal(tmp_path):
     path = tmp_path / "j"
-    j = Journal(str(path))
-    for queue, record in RECORDS:
-        j.append(queue, record)
-    j.commit()
+    j = _committed(path)
 
     def full_disk():
         yield RECORDS[0]
@@ -390,9 +393,7 @@ def test_a_failed_background_rewrite_keeps_the_old_journal(tmp_path):
 
 def test_close_stops_a_background_rewrite_and_a_new_journal_clears_a_stale_one(tmp_path):
     path = tmp_path / "j"
-    j = Journal(str(path))
-    j.append(*RECORDS[0])
-    j.commit()
+    j = _committed(path, RECORDS[:1])
 
     def forever():
         while True:
@@ -761,8 +762,6 @@ def test_a_rewrite_fsyncs_only_a_journal_that_must_outlive_the_machine(tmp_path,
     real = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(fd), real(fd)))
     j = Journal(str(tmp_path / "j"), durable=durable)
-    j.append(*RECORDS[0])
-    j.commit()
     j.rewrite(RECORDS[:2])
     j.close()
     assert bool(calls) is durable   # the file, and its directory for the rename

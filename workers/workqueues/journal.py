@@ -316,14 +316,7 @@ class Journal:
         self.abort_rewrite()
         tmp = path + ".tmp"
         fd = os.open(tmp, _OPEN_FLAGS | os.O_TRUNC, 0o600)
-        try:
-            size = self._write_records(fd, items)
-            self._put_in_place(fd, tmp)
-        except BaseException:
-            os.close(fd)
-            _unlink(tmp)
-            raise
-        self._size = size
+        self._replace_with(fd, tmp, lambda: self._write_records(fd, items))
 
     def _write_records(self, fd: int, items: Iterable[tuple[str, tuple]], alive: Callable[[], bool] | None = None
                        ) -> int:
@@ -356,12 +349,21 @@ class Journal:
             size += pending
         return size
 
-    def _put_in_place(self, fd: int, tmp: str) -> None:
-        """``tmp`` (open as ``fd``, complete) becomes the journal, which goes on appending to it."""
+    def _replace_with(self, fd: int, tmp: str, fill: Callable[[], object]) -> None:
+        """``fill`` completes ``tmp`` (open as ``fd``), which then becomes the journal, appended to from now on.  If
+        anything fails, ``tmp`` is removed and the journal stays as it was."""
         assert self.path is not None and self._fd is not None
-        if self.durable:
-            os.fsync(fd)
-        os.replace(tmp, self.path)
+        try:
+            fill()
+            size = os.fstat(fd).st_size
+            if self.durable:
+                os.fsync(fd)
+            os.replace(tmp, self.path)
+        except BaseException:
+            os.close(fd)
+            _unlink(tmp)
+            raise
+        self._size = size
         old, self._fd = self._fd, fd
         os.close(old)
         self._unsynced = False
@@ -441,22 +443,19 @@ class Journal:
             if 0 < code < 255:
                 raise OSError(code, f"the compaction's child failed: {os.strerror(code)}")
             raise OSError(f"the compaction's child failed (exit status {code})")
-        fd = os.open(tmp, _OPEN_FLAGS, 0o600)
-        try:
+        journal, end = self._fd, self._size
+
+        def append_since_fork() -> None:
             offset = start
-            while offset < self._size:
-                data = os.pread(self._fd, min(_CHUNK, self._size - offset), offset)
+            while offset < end:
+                data = os.pread(journal, min(_CHUNK, end - offset), offset)
                 if not data:
-                    raise OSError(f"the journal ends at {offset}, short of {self._size}")
+                    raise OSError(f"the journal ends at {offset}, short of {end}")
                 _write_all(fd, data)
                 offset += len(data)
-            size = os.fstat(fd).st_size
-            self._put_in_place(fd, tmp)
-        except BaseException:
-            os.close(fd)
-            _unlink(tmp)
-            raise
-        self._size = size
+
+        fd = os.open(tmp, _OPEN_FLAGS, 0o600)
+        self._replace_with(fd, tmp, append_since_fork)
         return True
 
     def abort_rewrite(self) -> None:
