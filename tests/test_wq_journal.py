@@ -373,6 +373,36 @@ def test_background_rewrite_keeps_what_was_appended_while_it_ran(tmp_path):
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
 
 
+def test_the_rewrite_child_holds_none_of_the_workers_descriptors(tmp_path):
+    """A connection the worker closes while the child writes must close then: the child keeps no copy of it."""
+    j = _committed(tmp_path / "j")
+    read_end, write_end = os.pipe()
+    gate = tmp_path / "go"
+
+    def snapshot():
+        while not gate.exists():
+            time.sleep(0.005)
+        yield RECORDS[0]
+
+    j.start_rewrite(snapshot)
+    try:
+        os.close(write_end)                  # the worker's close: the reader sees the end at once
+        os.set_blocking(read_end, False)
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                assert os.read(read_end, 1) == b""
+                break
+            except BlockingIOError:          # a copy of the write end is still open somewhere
+                assert time.monotonic() < deadline, "the child kept the worker's descriptor open"
+                time.sleep(0.01)
+    finally:
+        os.close(read_end)
+        gate.touch()
+    _finish(j)
+    j.close()
+
+
 def test_a_failed_background_rewrite_keeps_the_old_journal(tmp_path):
     path = tmp_path / "j"
     j = _committed(path)

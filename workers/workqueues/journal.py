@@ -88,7 +88,6 @@ _write = os.write
 _sync = getattr(os, "fdatasync", os.fsync)
 _monotonic = time.monotonic
 _OPEN_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-_MAX_FD = os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 1 << 16
 
 
 def encode(queue: str, record: tuple) -> bytes:
@@ -129,10 +128,7 @@ class Journal:
         if path is not None:
             self._fd = os.open(path, _OPEN_FLAGS, 0o600)
             for stale in glob.glob(glob.escape(path) + ".rewrite-*"):   # an earlier worker's, never finished
-                try:
-                    os.unlink(stale)
-                except OSError:
-                    pass
+                _unlink(stale)
             self._size = os.fstat(self._fd).st_size
 
     # -- writing ------------------------------------------------------------------------------------------------
@@ -401,7 +397,7 @@ class Journal:
                     signal.signal(sig, signal.SIG_DFL)
                 # The worker's sockets must close when the worker closes them, not when this child exits too.
                 os.closerange(3, fd)
-                os.closerange(fd + 1, _MAX_FD)
+                os.closerange(fd + 1, os.sysconf("SC_OPEN_MAX"))   # the limit now: the worker may have raised it
                 gc.disable()               # nothing to collect in a process that lives for one loop
                 self._write_records(fd, items(), alive=lambda: os.getppid() == parent)
                 if self.durable:
