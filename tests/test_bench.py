@@ -64,8 +64,9 @@ def test_generator_check():
 
 
 def test_tiny_queue_bench(tmp_path):
-    """The work-queue scenarios: this broker with and without its journal, and Redis Streams and nats-server
-    JetStream when installed; every acknowledged push stored or acked exactly once."""
+    """The work-queue scenarios: this broker with and without its journal, and Redis Streams (with and without its
+    append-only file) and nats-server JetStream when installed; every acknowledged push stored or acked exactly
+    once."""
     env, tag = tagged()
     peers = [p for p, binary in (("nats", "nats-server"), ("redis", "redis-server")) if find_binary(binary)]
     res = subprocess.run(
@@ -75,7 +76,8 @@ def test_tiny_queue_bench(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     assert "queue push" in res.stdout and "queue latency" in res.stdout
     result = json.loads(next(tmp_path.glob("bench-*.json")).read_text())
-    targets = {"shardbroker/ndjson", "shardbroker/ndjson-nojournal"} | ({"redis"} if "redis" in peers else set()) \
+    targets = {"shardbroker/ndjson", "shardbroker/ndjson-nojournal"} \
+        | ({"redis", "redis-aof"} if "redis" in peers else set()) \
         | ({"nats-server/jetstream"} if "nats" in peers else set())
     rows = {(row["scenario"], row["target"]): row for row in result["summary"]}
     assert set(rows) == {(s, t) for s in ("qpush", "qwork1", "qwork8", "qlatency") for t in targets}

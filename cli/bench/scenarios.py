@@ -8,7 +8,8 @@ ratio to nats-server measured in the same run.  The load comes from a pool of ge
 The work-queue scenarios (``qpush``, ``qwork1``, ``qwork8``, ``qdrain1``, ``qdrain8``, ``qlatency``, and with batch
 producers ``qpushb``, ``qwork1b``, ``qwork8b``; ``qload``) run on the targets that have queues: this broker over
 NDJSON, the same broker with its queue journal off (a second instance, started only for them), Redis Streams
-with a consumer group, and nats-server JetStream (a work-queue stream in memory and a durable pull consumer, on a
+with a consumer group (with nothing on disk, and as ``redis-aof`` with its append-only file), and nats-server
+JetStream (a work-queue stream in memory and a durable pull consumer, on a
 server started with ``-js`` for them).  Each run uses a fresh queue, checks afterwards that every acknowledged
 push was stored (``qpush``) or acked exactly once (the others), and removes the queue.
 """
@@ -44,6 +45,8 @@ ALL_TARGETS = [
     Target("shardbroker/ndjson-nojournal", "shardbroker-nojournal", "ndjson", pubsub=False, queues=True),
     Target("nats-server", "nats-server", "nats"),
     Target("redis", "redis", "redis", queues=True),
+    # Redis with its append-only file (fsync every second), for the queue scenarios: durable against durable
+    Target("redis-aof", "redis-aof", "redis", pubsub=False, queues=True),
     Target("nats-server/jetstream", "nats-server-jetstream", "jetstream", pubsub=False, queues=True),
     # --tls: the same broker with TLS on its NATS and NDJSON ports, and nats-server with TLS (the cost of TLS)
     Target("shardbroker/nats-tls", "shardbroker-tls", "nats", tls=True),
@@ -247,6 +250,7 @@ class Bench:
         starters = {"nats": [servers.start_nats], "redis": [servers.start_redis]}
         if any(sc.queue for sc in chosen):
             starters["nats"].append(servers.start_nats_jetstream)   # the work queues' peer on nats-server
+            starters["redis"].append(lambda: servers.start_redis(aof=True))
         for peer in self.opts.peers:
             for start in starters[peer]:
                 server = start()

@@ -184,13 +184,21 @@ def start_nats_tls(pem: dict[str, str]) -> Server | None:
     return Server("nats-server-tls", version_of([binary, "--version"]), {"nats": port}, proc)
 
 
-def start_redis() -> Server | None:
+def start_redis(aof: bool = False) -> Server | None:
+    """Redis with nothing on disk; with ``aof``, with its append-only file synced once a second (``redis-aof``:
+    the peer of this broker's queue journal, which is written before every reply)."""
     binary = find_binary("redis-server")
     if binary is None:
         return None
     port = free_port()
-    proc = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+    store = ""
+    persistence = ["--save", "", "--appendonly", "no"]
+    if aof:
+        store = tempfile.mkdtemp(prefix="bench-redis-aof-")
+        persistence = ["--save", "", "--appendonly", "yes", "--appendfsync", "everysec", "--dir", store]
+    proc = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", str(port), *persistence,
                              "--maxclients", "15000", "--protected-mode", "no", "--loglevel", "warning"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     wait_port(port)
-    return Server("redis", version_of([binary, "--version"]), {"redis": port}, proc)
+    return Server("redis-aof" if aof else "redis", version_of([binary, "--version"]), {"redis": port}, proc,
+                  store=store)
