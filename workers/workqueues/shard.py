@@ -437,7 +437,8 @@ class Shard:
             return self._push_many(q, args)
         return self._push_one(q, args, self._token(args))
 
-    def _push_one(self, q: Queue, args: dict, token: tuple | None) -> dict:
+    def _push_one(self, q: Queue, args: dict, token: tuple | None, clock: tuple[int, int] | None = None) -> dict:
+        """One push; ``clock``: (monotonic, wall) ns, read once for the pushes that arrived together."""
         if token is not None:
             stored = q.tokens.get(token)
             if stored is not None:  # sent again after a crash, and the first one was journaled: one copy
@@ -448,7 +449,8 @@ class Shard:
             priority = _int(args, "priority", DEFAULT_PRIORITY, 0, MAX_PRIORITY)
         delay = _int(args, "delay_ms", 0, 0, q.settings.max_delay_ms) if "delay_ms" in args else 0
         q.check_push(len(data))
-        msg_id = q.push(kind, data, priority, time.monotonic_ns(), time.time_ns(), delay, token=token)
+        now, wall = clock or (time.monotonic_ns(), time.time_ns())
+        msg_id = q.push(kind, data, priority, now, wall, delay, token=token)
         if not delay and q.name in self.waiters:
             self._wake[q.name] = q
         return self._pushed(q, msg_id, args)
@@ -459,10 +461,11 @@ class Shard:
         and, from another worker, one request instead of one each.  -> ``{"ok": true, "results": [...]}``."""
         q = self._pushed_to(args)
         token = self._token(args)
+        clock = (time.monotonic_ns(), time.time_ns())
         results = []
         for i, item in enumerate(args["pushes"]):
             try:
-                results.append(self._push_one(q, item, token + (i,) if token is not None else None))
+                results.append(self._push_one(q, item, token + (i,) if token is not None else None, clock))
             except QueueError as exc:
                 results.append(exc.result())
         return {"ok": True, "results": results}
