@@ -223,7 +223,7 @@ def test_tiny_bench_with_batch_producers(tmp_path):
         cwd=REPO, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     result = json.loads(next(tmp_path.glob("bench-*.json")).read_text())
-    targets = {"shardbroker/ndjson", "shardbroker/ndjson-nojournal"} | ({"redis"} if peers else set())
+    targets = {"shardbroker/ndjson", "shardbroker/ndjson-nojournal"} | ({"redis", "redis-aof"} if peers else set())
     rows = {(row["scenario"], row["target"]): row for row in result["summary"]}
     assert set(rows) == {(s, t) for s in ("qpushb", "qwork1b") for t in targets}
     for row in rows.values():
