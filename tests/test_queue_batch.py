@@ -201,6 +201,29 @@ def test_batch_push_survives_a_killed_owner(start_broker):
     assert [m["id"] for m in rest] == ids[40:]
 
 
+def test_single_pushes_read_together_on_the_owner_are_stored_as_one_record_and_survive_its_kill_9(start_broker):
+    """Plain single pushes to a queue of the worker they arrive on, read together, are stored together (one batch
+    record: ``Shard._push_run``): each still gets its own reply and id, in order, and a replaced owner has them
+    all, in that order, with those ids."""
+    b = start_broker(workers=2, config={"queues": {"move_connections": False}})   # the reader stays off the owner
+    q = owned_by(1, "run")
+    producer = on_worker(b.port, 1)                        # on the owner: its pushes carry no token
+    lines = [{"op": "qpush", "queue": q, "data": {"n": i}} for i in range(300)]
+    producer.send(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+    replies = [producer.json() for _ in lines]
+    assert all(r["ok"] for r in replies) and len({r["id"] for r in replies}) == 300
+    assert stat(producer, q)["pushed"] == 300
+    owner_pid = next(w["pid"] for w in b.varz()["workers"] if w["worker"] == 1)
+    producer.close()
+    os.kill(owner_pid, signal.SIGKILL)
+    conn = on_worker(b.port, 0)
+    s = wait_for(lambda: _stat_or_none(conn, q), timeout=15, what="the owner's replacement")
+    assert s["visible"] == 300, s
+    got = recv(conn, q, max=1000) + recv(conn, q, max=1000)
+    assert [m["id"] for m in got] == [r["id"] for r in replies]
+    assert [m["data"] for m in got] == [{"n": i} for i in range(300)]
+
+
 def _stat_or_none(conn, q):
     reply = req(conn, "qstat", queue=q)
     return reply["stat"] if reply.get("ok") else None
