@@ -122,7 +122,8 @@ class Clock:
 
 async def run(opts) -> None:
     tmp = tempfile.mkdtemp(prefix="queue-hotpath-")
-    raw = {"queues": {"journal": not opts.no_journal}}
+    # the consumer stays a worker away (what this measures), not moved to the owner (workers/moves.py)
+    raw = {"queues": {"journal": not opts.no_journal, "move_connections": False}}
     cfg_path = os.path.join(tmp, "config.json")
     with open(cfg_path, "w") as fh:
         fh.write(orjson.dumps(raw).decode())
