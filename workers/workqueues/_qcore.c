@@ -69,6 +69,21 @@ done:
     return out;
 }
 
+/* The fast sequences of ``seqs`` and ``receipts`` (new references), and how many pairs zip() makes of them.
+ * -> -1 with an exception set, nothing held. */
+static Py_ssize_t pairs(PyObject *seqs_arg, PyObject *receipts_arg, PyObject **seqs, PyObject **receipts)
+{
+    *seqs = PySequence_Fast(seqs_arg, "seqs must be a sequence");
+    if (*seqs == NULL)
+        return -1;
+    *receipts = PySequence_Fast(receipts_arg, "receipts must be a sequence");
+    if (*receipts == NULL) {
+        Py_CLEAR(*seqs);
+        return -1;
+    }
+    return Py_MIN(PySequence_Fast_GET_SIZE(*seqs), PySequence_Fast_GET_SIZE(*receipts));
+}
+
 /* grant(leases, leased, deliveries, seqs, receipts, granted, deadline, visibility, holder) -> redeliveries */
 static PyObject *grant(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -77,16 +92,10 @@ static PyObject *grant(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                         "grant(leases, leased, deliveries, seqs, receipts, granted, deadline, visibility, holder)");
         return NULL;
     }
-    PyObject *leases = args[0], *leased = args[1], *deliveries = args[2];
-    PyObject *seqs = PySequence_Fast(args[3], "seqs must be a sequence");
-    if (seqs == NULL)
+    PyObject *leases = args[0], *leased = args[1], *deliveries = args[2], *seqs, *receipts;
+    Py_ssize_t n = pairs(args[3], args[4], &seqs, &receipts);
+    if (n < 0)
         return NULL;
-    PyObject *receipts = PySequence_Fast(args[4], "receipts must be a sequence");
-    if (receipts == NULL) {
-        Py_DECREF(seqs);
-        return NULL;
-    }
-    Py_ssize_t n = Py_MIN(PySequence_Fast_GET_SIZE(seqs), PySequence_Fast_GET_SIZE(receipts));
     long again = 0;
     PyObject *one = PyLong_FromLong(1);
     if (one == NULL)
@@ -157,16 +166,10 @@ static PyObject *delivered(PyObject *self, PyObject *const *args, Py_ssize_t nar
         PyErr_SetString(PyExc_TypeError, "delivered(store, deliveries, seqs, receipts, ms)");
         return NULL;
     }
-    PyObject *store = args[0], *deliveries = args[1], *ms = args[4];
-    PyObject *seqs = PySequence_Fast(args[2], "seqs must be a sequence");
-    if (seqs == NULL)
+    PyObject *store = args[0], *deliveries = args[1], *ms = args[4], *seqs, *receipts;
+    Py_ssize_t n = pairs(args[2], args[3], &seqs, &receipts);
+    if (n < 0)
         return NULL;
-    PyObject *receipts = PySequence_Fast(args[3], "receipts must be a sequence");
-    if (receipts == NULL) {
-        Py_DECREF(seqs);
-        return NULL;
-    }
-    Py_ssize_t n = Py_MIN(PySequence_Fast_GET_SIZE(seqs), PySequence_Fast_GET_SIZE(receipts));
     PyObject *out = PyList_New(0);
     if (out == NULL)
         goto fail;
