@@ -172,6 +172,10 @@ class Bench:
                         res = self._run_one(sc, target, [p for _, p in pool])
                         res.update(scenario=sc.name, target=target.label, round=rnd + 1)
                         self.results.append(res)
+        except Exception:
+            for server in self.servers.values():   # what the brokers logged may say why the run failed
+                server.keep_log = True
+            raise
         finally:
             for proc, pipe in pool:
                 try:

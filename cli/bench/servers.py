@@ -60,6 +60,7 @@ class Server:
     proc: subprocess.Popen | None = None
     monitor_port: int = 0
     store: str = ""                            # a directory of the server's, removed when it stops
+    keep_log: bool = False                     # the run failed: keep the log whatever the exit code
     _log: object = None
 
     def pids(self) -> list[int]:
@@ -93,7 +94,7 @@ class Server:
             shutil.rmtree(self.store, ignore_errors=True)
         if self._log is not None:
             self._log.close()
-            if code == 0:  # kept, and named in the output, only when something went wrong
+            if code == 0 and not self.keep_log:  # kept, and named in the output, only when something went wrong
                 os.unlink(self._log.name)
             else:
                 print(f"{self.name} exited with code {code}; its log: {self._log.name}", file=sys.stderr)
