@@ -85,6 +85,8 @@ _WORKER_COUNTERS = (
      "Queue-group deliveries dropped: the member picked had gone or could no longer receive the subject."),
     ("journal_refused", "shardbroker_workqueue_journal_refused_requests",
      "Work-queue pushes and receives refused (journal_unavailable): the queue journal could not be written."),
+    ("journal_compactions", "shardbroker_workqueue_journal_compactions",
+     "Work-queue journal rewrites as the live state (compactions) put in place."),
 )
 _WORKER_GAUGES = (
     ("connections", "shardbroker_connections", "Client connections open.", ""),
@@ -100,6 +102,7 @@ _WORKER_GAUGES = (
      "The most bytes one connection has unread: the one closest to being a slow consumer.", "bytes"),
     ("pending_polls", "shardbroker_pending_polls", "Work-queue receives of this worker's clients waiting (long polls).",
      ""),
+    ("journal_bytes", "shardbroker_workqueue_journal_bytes", "The work-queue journal's size.", "bytes"),
 )
 _FABRIC_COUNTERS = (
     ("lost_frames", "shardbroker_fabric_lost_frames", "Frames from other workers found missing (sequence gaps)."),

@@ -887,6 +887,7 @@ class Hub:
     def stats(self) -> dict:
         live = self.conns.values()
         pending = [c.pending_bytes for c in live]
+        shard = self.queue_service.shard if self.queue_service is not None else None
         return {
             "worker": self.index,
             "hot_path": speedups.IMPLEMENTATION,
@@ -908,7 +909,10 @@ class Hub:
             "breaches": dict(self.breaches),
             "pending_polls": self.polls.total,
             # pushes and receives refused because the queue journal could not be written (a full disk)
-            "journal_refused": self.queue_service.shard.journal_refused if self.queue_service is not None else 0,
+            "journal_refused": shard.journal_refused if shard is not None else 0,
+            # the queue journal's size now, and its rewrites as the live state (compactions) since the start
+            "journal_bytes": shard.journal.size if shard is not None else 0,
+            "journal_compactions": shard.compactions if shard is not None else 0,
             "pending_bytes": sum(pending),
             "pending_bytes_max": max(pending, default=0),   # the connection closest to being a slow consumer
             "backpressure_episodes": self.backpressure.episodes,

@@ -124,6 +124,7 @@ class Shard:
         self._failed_logged = 0.0
         self._failed_writes = 0
         self.journal_refused = 0                  # requests answered journal_unavailable, since the start
+        self.compactions = 0                      # journal rewrites put in place, since the start
         self._compact_after = 0.0                 # monotonic s: no compaction before (one failed)
         self.owns: Callable[[str], bool] = lambda name: True   # whether a queue is placed here (set by the service)
 
@@ -813,12 +814,14 @@ class Shard:
         if journal.rewriting and not force:
             before = journal.size
             if journal.finish_rewrite():
-                log.info("worker %d: journal compacted in the background: %d bytes, was %d", self.index,
-                         journal.size, before)
+                self.compactions += 1
+                log.debug("worker %d: journal compacted in the background: %d bytes, was %d", self.index,
+                          journal.size, before)
             return
         live = sum(q.bytes + 96 * (len(q.messages) + len(q.leases)) for q in self.queues.values())
         if force:
             journal.rewrite(self._snapshot())
+            self.compactions += 1
         elif journal.size - live >= _COMPACT_DEAD and live * 2 < journal.size:
             journal.start_rewrite(self._snapshot)
 
