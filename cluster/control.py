@@ -2,8 +2,10 @@
 
 One ``AF_UNIX``/``SOCK_SEQPACKET`` socketpair per worker.  It carries accepted client sockets (``SCM_RIGHTS``, one fd
 per message), membership and stop orders, heartbeats, and stats.  It is reliable and ordered, unlike the ZeroMQ
-PUB/SUB fabric, which is why control traffic never goes over the fabric.  When either process dies the other reads
-EOF: that is how a worker notices that its supervisor is gone, even after a SIGKILL.
+PUB/SUB fabric, which is why control traffic never goes over the fabric.  When the supervisor dies its worker reads
+EOF: that is how a worker notices that its supervisor is gone, even after a SIGKILL.  (The supervisor learns of a
+worker's death from its pidfd instead: it holds a copy of the worker's end, to read back what the worker never
+read: ``decode_all``, cluster.launch.)
 
 Messages are orjson objects.  A datagram is one flag byte (``1``: more chunks follow) and up to ``CHUNK`` bytes, so
 a large reply (a connection listing) crosses in several datagrams without raising the socket buffers.
@@ -51,6 +53,31 @@ class Reassembler:
         data = b"".join(self._parts)
         self._parts = []
         return orjson.loads(data)
+
+
+def decode_all(datagrams: list[tuple[bytes, list[int]]]) -> list[tuple[dict, list[int]]]:
+    """Datagrams read back from a dead worker's queue (cluster.launch) -> its messages with their descriptors.
+    A message whose first datagram the worker had read, or that does not parse, is dropped (its descriptors
+    closed)."""
+    out = []
+    reasm = Reassembler()
+    held: list[int] = []
+    for data, fds in datagrams:
+        held += fds
+        try:
+            msg = reasm.feed(data)
+        except orjson.JSONDecodeError:   # the tail of a message whose head the worker read
+            msg = None
+        if data[:1] == _LAST:
+            if msg is not None:
+                out.append((msg, held))
+            else:
+                for fd in held:
+                    socket.close(fd)
+            held = []
+    for fd in held:
+        socket.close(fd)
+    return out
 
 
 class Channel:
@@ -129,6 +156,17 @@ class Channel:
                         socket.close(fd)
                 continue
             self._on_message(msg, fds)
+
+    def unsent(self) -> list[tuple[bytes, list[int]]]:
+        """Take back the datagrams still waiting to be sent (the peer died), with their sockets' descriptors."""
+        out = [(dg, [handed.detach()] if handed is not None else []) for dg, handed in self._queue]
+        self._queue.clear()
+        return out
+
+    def read_pending(self) -> None:
+        """Deliver what the peer sent and was not read yet (it died: what it said before still counts)."""
+        if not self.closed:
+            self._on_readable()
 
     def close(self) -> None:
         if self.closed:

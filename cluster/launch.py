@@ -58,8 +58,10 @@ _PIDFD = _pidfd_works()
 
 class WorkerProcess:
     """One worker process, with what the supervisor needs of it: ``pid``, ``sentinel`` (readable once it has
-    exited), ``join``, ``exitcode`` (negative: killed by that signal), as multiprocessing's Process has them, and
-    ``ctl_sock``, the supervisor's end of its control socketpair (cluster.control)."""
+    exited), ``join``, ``exitcode`` (negative: killed by that signal), as multiprocessing's Process has them,
+    ``ctl_sock``, the supervisor's end of its control socketpair (cluster.control), and ``worker_sock``, a copy of
+    the worker's end: never read while the worker lives, it keeps what the worker did not read readable after it
+    died (``unread``), where it would otherwise be dropped with the worker's descriptors."""
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -82,12 +84,13 @@ class WorkerProcess:
                 if fd >= 0:
                     os.close(fd)
             self.ctl_sock.close()
+            child_sock.close()
             raise
         finally:
             for fd in (boot_r, watch_w):
                 if fd >= 0:
                     os.close(fd)
-            child_sock.close()
+        self.worker_sock = child_sock
         self.pid = self._popen.pid
         self.sentinel = os.pidfd_open(self.pid) if _PIDFD else watch_r
 
@@ -123,6 +126,21 @@ class WorkerProcess:
         os.close(self._boot_w)
         self._boot_w = -1
         self._payload = memoryview(b"")
+
+    def unread(self) -> list[tuple[bytes, list[int]]]:
+        """Once the worker is dead: the datagrams sent to it that it never read, with their descriptors."""
+        out = []
+        self.worker_sock.setblocking(False)
+        while True:
+            try:
+                data, fds, _, _ = socket.recv_fds(self.worker_sock, 1 << 17, 8)
+            except OSError:   # nothing left (EAGAIN), or already closed
+                break
+            if not data:
+                break
+            out.append((data, fds))
+        self.worker_sock.close()
+        return out
 
     def join(self, timeout: float | None = None) -> None:
         try:

@@ -495,8 +495,12 @@ class Supervisor:
         how = f"exit code {code}" if code is not None and code >= 0 else \
             f"signal {signal.Signals(-code).name}" if code is not None else "unknown status"
         was, slot.state = slot.state, "dead"
+        unread = slot.process.unread()   # sent to it after it last read: in order, and before the unsent ones
         if slot.channel is not None:
+            slot.channel.read_pending()  # what it said before it died (a move, closed connections) still counts
+            unread += slot.channel.unsent()
             slot.channel.close()
+        self._rehand(slot, control.decode_all(unread))
         self.security.worker_gone(slot.index)
         self.admission.worker_gone(slot.index)
         if self._stop is not None:
@@ -544,16 +548,11 @@ class Supervisor:
 
     # -- connections ----------------------------------------------------------------------------------------
     def _handoff(self, lst: Listener, conn, address: str) -> bool:
-        home = self.slots[lst.home] if lst.home is not None else None
-        if home is not None and home.state == "ready":
-            slot = home
-        else:   # no home, or it is being replaced: any worker (its requests wait for the owner as any others do)
-            ready = [s for s in self.slots if s is not None and s.state == "ready"]
-            if not ready:
-                return False
-            slot = min(ready, key=lambda s: s.live)
+        # Its home first (the qlite listener's queue owner), else the least loaded: while the home is being
+        # replaced its requests wait for the owner as any others do.
         self._next_cid += 1
-        if not slot.channel.send({"k": "conn", "p": lst.protocol, "cid": self._next_cid}, sock=conn):
+        slot = self._give(self._choices(lst.home), {"k": "conn", "p": lst.protocol, "cid": self._next_cid}, conn)
+        if slot is None:
             return False
         slot.live += 1
         self.admission.opened(self._next_cid, slot.index, address)
@@ -567,21 +566,57 @@ class Supervisor:
         cid = int(msg["state"]["cid"])
         to = msg.get("to")
         dst = self.slots[to] if type(to) is int and 0 <= to < self.nworkers else None
-        if dst is None or dst.state != "ready" or self.state not in ("ready", "reloading"):
-            dst = src
+        choices = [src]
+        if dst is not None and dst is not src and self.state in ("ready", "reloading"):
+            choices.insert(0, dst)
         sock = socket.socket(fileno=fds[0]) if fds else None
-        if sock is not None and dst.state == "ready" and dst.channel.send(
-                {"k": "conn", "p": msg.get("p"), "cid": cid, "moved": msg["state"]}, sock=sock):
-            if dst is not src:
-                src.live = max(0, src.live - 1)
-                dst.live += 1
-                self.admission.moved(cid, dst.index)
+        slot = self._give(choices, {"k": "conn", "p": msg.get("p"), "cid": cid, "moved": msg["state"],
+                                    "from": src.index}, sock)
+        if slot is src:
+            return
+        if slot is not None:
+            src.live = max(0, src.live - 1)
+            slot.live += 1
+            self.admission.moved(cid, slot.index)
             return
         if sock is not None:
             sock.close()
         log.error("connection %d could not be moved from worker %d: closed", cid, src.index)
         if self.admission.closed(cid) == src.index:
             src.live = max(0, src.live - 1)
+
+    def _choices(self, first: int | None) -> list[WorkerSlot]:
+        """The ready workers, ``first`` first if it is one of them, then the least loaded."""
+        return sorted((s for s in self.slots if s is not None and s.state == "ready"),
+                      key=lambda s: (s.index != first, s.live))
+
+    @staticmethod
+    def _give(choices: list[WorkerSlot], message: dict, sock: socket.socket | None) -> WorkerSlot | None:
+        """Hand ``sock`` to the first ready worker of ``choices``.  One killed a moment ago still looks ready
+        until the loop reads its exit; what it was sent meanwhile is read back then (``_rehand``)."""
+        slot = next((s for s in choices if s.state == "ready"), None)
+        if sock is None or slot is None or not slot.channel.send(message, sock=sock):
+            return None
+        return slot
+
+    def _rehand(self, dead: WorkerSlot, unread: list[tuple[dict, list[int]]]) -> None:
+        """The connections ``dead`` was sent and never read go to the ready workers instead (a moved one back to
+        the worker it came from, if it can), as if they had just been accepted: their clients notice nothing."""
+        for message, fds in unread:
+            for fd in fds[1:]:
+                os.close(fd)
+            if message.get("k") != "conn" or not fds:
+                continue
+            sock = socket.socket(fileno=fds[0])
+            cid = int(message["cid"])
+            slot = self._give(self._choices(message.get("from")), message, sock) if self._stop is None else None
+            if slot is None:
+                sock.close()
+                continue
+            slot.live += 1
+            self.admission.moved(cid, slot.index)
+            log.warning("worker %d died before taking connection %d; handed to worker %d", dead.index, cid,
+                        slot.index)
 
     def live_slots(self) -> list[WorkerSlot]:
         """The workers that are running (booting or ready)."""

@@ -1,5 +1,6 @@
 """The pure modules, without a broker: subject rules, the trie, frames, codecs, configuration."""
 
+import os
 import random
 
 import pytest
@@ -145,6 +146,26 @@ def test_control_messages_are_chunked_and_reassembled():
     r = control.Reassembler()
     assert [r.feed(d) for d in datagrams] == [None, None, None, big]
     assert r.feed(control.encode({"k": "hb"})[0]) == {"k": "hb"}
+
+
+def test_what_a_dead_worker_never_read_is_decoded_with_its_descriptors():
+    """The first message's head was read by the worker before it died: its tail is dropped, and so is the
+    descriptor that came with a message that cannot be decoded; the others come back whole."""
+    big = control.encode({"k": "reply", "data": "x" * (2 * control.CHUNK)})
+    conn = control.encode({"k": "conn", "cid": 7, "data": "y" * (2 * control.CHUNK)})
+    r, w = os.pipe()
+    lost_r, lost_w = os.pipe()
+    unread = [(d, []) for d in big[1:]] + [(b"\x00{not json", [lost_r])] + \
+        [(d, [r] if i == 0 else []) for i, d in enumerate(conn)] + [(control.encode({"k": "stop"})[0], [])]
+    assert control.decode_all(unread) == [({"k": "conn", "cid": 7, "data": "y" * (2 * control.CHUNK)}, [r]),
+                                          ({"k": "stop"}, [])]
+    try:
+        os.fstat(lost_r)
+        raise AssertionError("the descriptor of an undecodable message was not closed")
+    except OSError:
+        pass
+    for fd in (r, w, lost_w):
+        os.close(fd)
 
 
 def test_config_defaults_and_overrides(tmp_path):

@@ -2,8 +2,12 @@
 (workers/moves.py): the client sees one ordered stream of replies, keeps its identity and permissions, and the
 supervisor's counts follow it.  Connections that hold something on their worker stay."""
 
+import os
+import signal
 import time
 import zlib
+
+import psutil
 
 from harness import Raw, on_worker
 
@@ -150,3 +154,43 @@ def test_the_supervisors_counts_follow_a_moved_connection(start_broker):
         c.close()
     for c in wait_admitted(b.port, 2):
         c.close()
+
+
+def dead_but_unnoticed(broker, worker: int):
+    """Kill ``worker`` while the supervisor is stopped, so that it has not noticed yet when it resumes (what
+    follows competes with the death's news, as it does when a worker dies under load); returns a resume()."""
+    pid = {w["worker"]: w["pid"] for w in broker.varz()["workers"]}[worker]
+    os.kill(broker.proc.pid, signal.SIGSTOP)
+    try:
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:   # its sockets are closed now
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    except BaseException:
+        os.kill(broker.proc.pid, signal.SIGCONT)
+        raise
+    return lambda: os.kill(broker.proc.pid, signal.SIGCONT)
+
+
+def test_a_connection_moving_to_an_owner_that_just_died_stays_and_is_answered(start_broker):
+    b = start_broker(workers=2)
+    home = owner("jobs")
+    conn = on_worker(b.port, 1 - home)
+    resume = dead_but_unnoticed(b, home)
+    conn.send(b'{"op":"qstat","queue":"jobs"}\n')   # its worker asks the stopped supervisor to move it
+    time.sleep(0.2)
+    resume()
+    assert conn.json()["stat"]["owner"] == home      # answered by the replacement
+    assert conn.request({"op": "ping"})["ok"]
+    conn.close()
+
+
+def test_connections_accepted_as_a_worker_dies_go_to_the_living(start_broker):
+    b = start_broker(workers=2)
+    resume = dead_but_unnoticed(b, 1)
+    waiting = [Raw(b.port) for _ in range(6)]   # in the listen backlog
+    resume()
+    for conn in waiting:
+        assert conn.request({"op": "ping"})["ok"]
+        conn.close()
