@@ -124,12 +124,21 @@ def _ndjson_pub(topic: bytes, data: bytes) -> bytes:
     return b'{"op":"pub","topic":"' + topic + b'","data":"' + data + b'"}'
 
 
-NDJSON_LINES = [_ndjson_pub(b"a", b"x"), _ndjson_pub(b"a", b""), _ndjson_pub(b"a.b", b"hello world"),
+def _ndjson_qpush(queue: bytes, data: bytes) -> bytes:
+    return b'{"op":"qpush","queue":"' + queue + b'","data":' + data + b'}'
+
+
+NDJSON_LINES = [_ndjson_qpush(b"q", b'{"a":[1,2]}'), _ndjson_qpush(b"q", b'"x"') + b"\r", _ndjson_qpush(b"q", b""),
+                _ndjson_qpush(b"q", b"1\r"), _ndjson_qpush(b"q", b"}"), _ndjson_qpush(b"q", b'1,"priority":2'),
+                _ndjson_qpush(b"q", b"\xc3\xa9\x7f"), _ndjson_qpush(b"a", b'"x"'),
+                _ndjson_pub(b"a", b"x"), _ndjson_pub(b"a", b""), _ndjson_pub(b"a.b", b"hello world"),
                 _ndjson_pub(b"a", b"x") + b"\r", _ndjson_pub(b"a", b'q\\"'), _ndjson_pub(b"", b"x"),
                 _ndjson_pub(b"a", b"\xc3\xa9"), _ndjson_pub(b"a", b"x") + b" ", b'{"op":"pub","topic":"a","data":1}',
                 b'{"topic":"a","op":"pub","data":"x"}', b'{"op":"sub","topic":"a"}', b"", b"\r", None]
 ndjson_lines = st.lists(st.one_of(st.sampled_from(NDJSON_LINES),
                                   st.builds(_ndjson_pub, st.sampled_from([b"a", b"b.c", b"a b", b"*"]),
+                                            st.binary(max_size=12)),
+                                  st.builds(_ndjson_qpush, st.sampled_from([b"a", b"q", b"a b"]),
                                             st.binary(max_size=12)),
                                   st.binary(max_size=40)), max_size=30)
 
@@ -161,6 +170,11 @@ def test_ndjson_runs_group_consecutive_publishes_to_one_topic():
     for runs in (compiled.ndjson_runs, purepath.ndjson_runs):
         assert runs(lines) == [(b"a", [b'"1"', b'"22"'], [a1, a2]), (b"b", [b'"3"'], [b1]), b'{"op":"ping"}',
                                (b"a", [b'"1"'], [a1]), None]
+    q1, q2 = _ndjson_qpush(b"a", b'{"n":1}'), _ndjson_qpush(b"a", b"2") + b"\r"
+    lines = [q1, q2, a1, q1, _ndjson_qpush(b"b", b"3")]
+    for runs in (compiled.ndjson_runs, purepath.ndjson_runs):   # pushes and publishes never share a run
+        assert runs(lines) == [(b"a", [b'{"n":1}', b"2"], [q1, q2], "qpush"), (b"a", [b'"1"'], [a1]),
+                               (b"a", [b'{"n":1}'], [q1], "qpush"), (b"b", [b"3"], [lines[-1]], "qpush")]
     with pytest.raises(TypeError):
         compiled.ndjson_runs([b"x", "y"])
     with pytest.raises(TypeError):
@@ -228,6 +242,9 @@ _PURE = {
                              "qstat_exact_counts"],
     "tests/test_queue_cluster.py": ["kill_9_of_the_owner_loses_nothing_acknowledged"],
     "tests/test_qlite.py": ["hide_expiry_redelivers_with_a_new_receipt", "many_subscribers_share_the_work_once_each"],
+    # runs of canonical pushes (purepath.ndjson_runs)
+    "tests/test_queue_push_runs.py": [
+        "a_long_run_of_pipelined_pushes_is_answered_in_order_and_stores_the_data_as_written"],
 }
 PURE_PATH_TESTS = [f"{path}::test_{name}" for path, names in _PURE.items() for name in names]
 

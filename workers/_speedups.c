@@ -309,16 +309,51 @@ static int match_ndjson_pub(const unsigned char *b, Py_ssize_t n, Py_ssize_t *t0
     return i == n;
 }
 
+static const char QPUSH_HEAD[] = "{\"op\":\"qpush\",\"queue\":\"";
+static const char QPUSH_MID[] = "\",\"data\":";
+
+/* A canonical NDJSON single push (purepath's _NDJSON_QPUSH, matched whole): the data is whatever follows, up to
+ * the closing brace, without control characters.  -> 1 with the queue's and the data's offsets, or 0. */
+static int match_ndjson_qpush(const unsigned char *b, Py_ssize_t n, Py_ssize_t *t0, Py_ssize_t *t1,
+                              Py_ssize_t *d0, Py_ssize_t *d1)
+{
+    Py_ssize_t i = sizeof(QPUSH_HEAD) - 1, m = sizeof(QPUSH_MID) - 1, end = n, j;
+    if (n < i || memcmp(b, QPUSH_HEAD, (size_t)i) != 0)
+        return 0;
+    *t0 = i;
+    while (i < n && is_plain(b[i]))
+        i++;
+    *t1 = i;
+    if (*t1 == *t0 || n - i < m || memcmp(b + i, QPUSH_MID, (size_t)m) != 0)
+        return 0;
+    i += m;
+    if (end > i && b[end - 1] == '\r')
+        end--;
+    if (end - i < 2 || b[end - 1] != '}')
+        return 0;
+    for (j = i; j < end - 1; j++)
+        if (b[j] < 0x20)
+            return 0;
+    *d0 = i;
+    *d1 = end - 1;
+    return 1;
+}
+
+static PyObject *QPUSH;   /* "qpush": the mark of a run of pushes */
+
 static PyObject *ndjson_runs(PyObject *module, PyObject *lines)
 {
     PyObject *out, *payloads = NULL, *run_lines = NULL;
-    const char *topic = NULL;   /* the open run's topic, inside a line that run_lines keeps alive */
+    const char *topic = NULL;   /* the open run's topic or queue, inside a line that run_lines keeps alive */
+    int run_kind = 0;           /* the open run's: 1 publishes, 2 pushes */
     Py_ssize_t topic_len = 0, count, i;
 
     if (!PyList_Check(lines)) {
         PyErr_SetString(PyExc_TypeError, "lines must be a list");
         return NULL;
     }
+    if (QPUSH == NULL && (QPUSH = PyUnicode_InternFromString("qpush")) == NULL)
+        return NULL;
     out = PyList_New(0);
     if (out == NULL)
         return NULL;
@@ -327,9 +362,15 @@ static PyObject *ndjson_runs(PyObject *module, PyObject *lines)
         PyObject *line = PyList_GET_ITEM(lines, i), *data;
         Py_ssize_t t0, t1, d0, d1;
         const unsigned char *b;
-        if (!PyBytes_Check(line)
-            || !match_ndjson_pub((b = (const unsigned char *)PyBytes_AS_STRING(line)), PyBytes_GET_SIZE(line),
-                                 &t0, &t1, &d0, &d1)) {
+        int kind = 0;
+        if (PyBytes_Check(line)) {
+            b = (const unsigned char *)PyBytes_AS_STRING(line);
+            if (match_ndjson_pub(b, PyBytes_GET_SIZE(line), &t0, &t1, &d0, &d1))
+                kind = 1;
+            else if (match_ndjson_qpush(b, PyBytes_GET_SIZE(line), &t0, &t1, &d0, &d1))
+                kind = 2;
+        }
+        if (kind == 0) {
             if (line != Py_None && !PyBytes_Check(line)) {
                 PyErr_SetString(PyExc_TypeError, "lines must be bytes or None");
                 goto fail;
@@ -342,7 +383,8 @@ static PyObject *ndjson_runs(PyObject *module, PyObject *lines)
         data = PyBytes_FromStringAndSize((const char *)b + d0, d1 - d0);
         if (data == NULL)
             goto fail;
-        if (topic != NULL && t1 - t0 == topic_len && memcmp(b + t0, topic, (size_t)topic_len) == 0) {
+        if (topic != NULL && kind == run_kind && t1 - t0 == topic_len
+            && memcmp(b + t0, topic, (size_t)topic_len) == 0) {
             if (PyList_Append(payloads, data) < 0 || PyList_Append(run_lines, line) < 0) {
                 Py_DECREF(data);
                 goto fail;
@@ -363,7 +405,8 @@ static PyObject *ndjson_runs(PyObject *module, PyObject *lines)
             }
             PyList_SET_ITEM(payloads, 0, data);
             PyList_SET_ITEM(run_lines, 0, Py_NewRef(line));
-            run = PyTuple_Pack(3, name, payloads, run_lines);
+            run = kind == 1 ? PyTuple_Pack(3, name, payloads, run_lines)
+                            : PyTuple_Pack(4, name, payloads, run_lines, QPUSH);
             Py_DECREF(name);
             Py_DECREF(payloads);     /* the tuple holds them; so does `out` once appended */
             Py_DECREF(run_lines);
@@ -374,6 +417,7 @@ static PyObject *ndjson_runs(PyObject *module, PyObject *lines)
             Py_DECREF(run);
             topic = (const char *)b + t0;
             topic_len = t1 - t0;
+            run_kind = kind;
         }
     }
     return out;

@@ -27,7 +27,7 @@ from .hub import Hub, Subscription
 from .message import KIND_JSON
 from .speedups import ndjson_runs
 from .workqueues.ndjson_ops import OPS as QUEUE_OPS
-from .workqueues.ndjson_ops import PUSH, flush_pushes
+from .workqueues.ndjson_ops import PUSH, flush_pushes, push_run
 
 log = logging.getLogger("broker.ndjson")
 
@@ -150,7 +150,10 @@ class NdjsonSession(Connection):
 
     def execute(self, line: bytes | tuple | None) -> None:
         if type(line) is tuple:
-            self._pub_run(*line)
+            if len(line) == 3:
+                self._pub_run(*line)
+            else:
+                push_run(self, line)
         elif line is None:
             self.hub.breach("max_payload")
             self.send(ERR_LINE_TOO_LONG)

@@ -12,7 +12,10 @@ any change here is a change there.
   "data":"S"}``, as our client and most JSON encoders write them) to one topic grouped, so that a run is routed and
   batched in one call.  The form is narrow on purpose: printable ASCII without quotes or backslashes in T and S,
   so the data string is its own canonical JSON encoding (what orjson would write back) and the topic needs no
-  decoding.  Every other line stays a line for the general path.
+  decoding.  Runs of single pushes in theirs (``{"op":"qpush","queue":"Q","data":D}``) to one queue are grouped
+  too, so that a run is gathered for the queue's owner in one call (workers/workqueues/ndjson_ops.py,
+  ``push_run``).  D is any text without control characters: whether it is JSON is checked there, and what is not
+  goes back to the general path, line by line.  Every other line stays a line for the general path.
 """
 
 from __future__ import annotations
@@ -58,27 +61,37 @@ def scan_pubs(buf: bytes, pos: int, max_line: int, max_payload: int) -> tuple:
 # printable ASCII but the quote and the backslash: a JSON string's content that needs no escape and no decoding
 _PLAIN = rb"[\x20\x21\x23-\x5b\x5d-\x7e]"
 _NDJSON_PUB = re.compile(rb'\{"op":"pub","topic":"(' + _PLAIN + rb'+)","data":("' + _PLAIN + rb'*")\}\r?')
+# A single push's data is any text without control characters, checked as JSON later (ndjson_ops.push_run).
+_NDJSON_QPUSH = re.compile(rb'\{"op":"qpush","queue":"(' + _PLAIN + rb'+)","data":([^\x00-\x1f]+)\}\r?')
+QPUSH = "qpush"
 
 
 def ndjson_runs(lines: list) -> list:
     """-> the lines, where each run of consecutive canonical publishes to one topic is replaced by one
-    ``(topic, payloads, lines)`` (payloads: the data values' JSON, quotes included)."""
+    ``(topic, payloads, lines)`` (payloads: the data values' JSON, quotes included), and each run of canonical
+    single pushes to one queue by one ``(queue, datas, lines, QPUSH)`` (datas: the text of the data values, not
+    yet known to be JSON)."""
     out: list = []
-    match = _NDJSON_PUB.fullmatch
-    topic = payloads = run_lines = None
+    pub = _NDJSON_PUB.fullmatch
+    qpush = _NDJSON_QPUSH.fullmatch
+    run = None   # the open run: (kind, name, values, lines)
     for line in lines:
-        m = match(line) if line is not None else None
+        m = kind = None
+        if line is not None:
+            m = pub(line)
+            if m is None:
+                m, kind = qpush(line), QPUSH
         if m is None:
             out.append(line)
-            topic = None
+            run = None
             continue
-        t, data = m.groups()
-        if t == topic:
-            payloads.append(data)
-            run_lines.append(line)
-        else:
-            topic, payloads, run_lines = t, [data], [line]
-            out.append((topic, payloads, run_lines))
+        name, value = m.groups()
+        if run is not None and run[0] is kind and run[1] == name:
+            run[2].append(value)
+            run[3].append(line)
+            continue
+        run = (kind, name, [value], [line])
+        out.append(run[1:] if kind is None else run[1:] + (QPUSH,))
     return out
 
 

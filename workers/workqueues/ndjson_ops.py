@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable
 import orjson
 
 from workers import moves, ndjson_codec as codec
-from workers.connection import TURN_BUDGET
+from workers.connection import TURN_BUDGET, Connection
 from workers.message import KIND_JSON, as_json
 
 from . import core
@@ -53,6 +53,8 @@ _dumps = orjson.dumps
 _LONG_DIGIT_RUN = codec._LONG_DIGIT_RUN
 _DIGITS = codec._DIGITS
 _LOSSY_FLOAT = codec._LOSSY_FLOAT
+_loads = orjson.loads
+_NO_REQUEST: dict = {}   # what a push of a run (push_run) is answered for: a request with nothing to echo
 
 
 def _message(m: tuple) -> bytes:
@@ -161,7 +163,7 @@ def _op(op: str) -> Callable[["NdjsonSession", dict, bytes], None]:
                     group = session.push_group = _PushGroup(queue)
                 del args["queue"]
                 group.pushes.append(args)
-                group.replies.append((req, session.reserve()))
+                group.replies.append((req, session.reserve(), 1))
                 return
         if session.push_group is not None:   # the pushes before this request go first
             flush_pushes(session)
@@ -184,6 +186,41 @@ OPS = {"q" + op: _op(op) for op in _FIELDS}
 PUSH = OPS["qpush"]
 
 
+def push_run(session: "NdjsonSession", run: tuple) -> None:
+    """A run of canonical single pushes to one queue (``speedups.ndjson_runs``: nothing but op, queue and data, in
+    that order), gathered as ``qpush`` gathers them, with one reply slot for the run instead of one per push and
+    the data stored as the client wrote it.  The turn takes its share (``PUSHES_PER_TURN``); the rest waits for
+    the next turn (``leftover``).  Anything that needs more goes one line at a time: a connection still movable,
+    a login or permission to check, data that is not valid JSON, a connection near its pipelining bound."""
+    queue_b, datas, lines, _ = run
+    queue = queue_b.decode()   # ASCII: ndjson_runs lets nothing else through
+    hub = session.hub
+    room = max(1, min(len(datas), (TURN_BUDGET - hub.turn_work) // _PUSH_WORK, MAX_BATCH,
+                      MAX_PIPELINED - 1 - session.pending_replies))
+    if session.movable or session.pending_replies >= MAX_PIPELINED - 1 or (session._secure and (
+            session.user is None or not allowed(session.user.permissions, "push", queue))):
+        Connection._run(session, lines)
+        return
+    try:
+        for data in datas[:room]:
+            _loads(data)
+    except orjson.JSONDecodeError:
+        Connection._run(session, lines)
+        return
+    if room < len(datas):
+        session.leftover = (queue_b, datas[room:], lines[room:], run[3])
+        datas = datas[:room]
+    hub.turn_work += _PUSH_WORK * room
+    group = session.push_group
+    if group is not None and (group.queue != queue or len(group.pushes) + room > MAX_BATCH):
+        flush_pushes(session)
+        group = None
+    if group is None:
+        group = session.push_group = _PushGroup(queue)
+    group.pushes.extend([{"data": data, "kind": KIND_JSON} for data in datas])
+    group.replies.append((_NO_REQUEST, session.reserve(), room))
+
+
 class _PushGroup:
     """Single pushes to one queue read together: sent to its owner as one request (``pushes``), each still stored
     or refused on its own and answered in its own place."""
@@ -193,7 +230,8 @@ class _PushGroup:
     def __init__(self, queue: str) -> None:
         self.queue = queue
         self.pushes: list[dict] = []
-        self.replies: list[tuple[dict, list]] = []   # (request, reply slot)
+        # (request, reply slot, how many pushes in order it answers: 1, or a run's pushes in one reply)
+        self.replies: list[tuple[dict, list, int]] = []
 
 
 def flush_pushes(session: "NdjsonSession") -> None:
@@ -201,16 +239,29 @@ def flush_pushes(session: "NdjsonSession") -> None:
     group, session.push_group = session.push_group, None
     service = session.hub.queue_service
     if len(group.pushes) == 1:
-        (args,), ((req, slot),) = group.pushes, group.replies
+        (args,), ((req, slot, _),) = group.pushes, group.replies
         args["queue"] = group.queue
         service.request(session.cid, "push", args, lambda result: session.fill(slot, _pushed(req, result)))
         return
 
     def answer(result: dict) -> None:
+        ids = result.get("ids")   # every one stored
+        if ids is not None:
+            i = 0
+            for req, slot, n in group.replies:
+                if req is _NO_REQUEST:   # a run: its replies rendered at once
+                    session.fill(slot, ('{"ok":true,"id":"' + '"}\n{"ok":true,"id":"'.join(ids[i:i + n])
+                                        + '"}\n').encode())
+                else:
+                    session.fill(slot, _pushed(req, {"ok": True, "id": ids[i]}))
+                i += n
+            return
         results = result.get("results")
         if results is None:   # the whole request failed (its owner unavailable): each push is told so
-            results = [result] * len(group.replies)
-        for (req, slot), one in zip(group.replies, results):
-            session.fill(slot, _pushed(req, one))
+            results = [result] * len(group.pushes)
+        i = 0
+        for req, slot, n in group.replies:
+            session.fill(slot, b"".join([_pushed(req, one) for one in results[i:i + n]]))
+            i += n
 
     service.request(session.cid, "pushes", {"queue": group.queue, "pushes": group.pushes}, answer)

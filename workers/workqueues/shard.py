@@ -459,7 +459,8 @@ class Shard:
     def _pushes(self, args: dict, holder: tuple, reply: Reply) -> dict:
         """Single pushes to one queue that arrived together (``pushes``: a list of push args without ``queue``),
         each stored or refused on its own, as if sent one by one (unlike a batch push's all or nothing); one call
-        and, from another worker, one request instead of one each.  -> ``{"ok": true, "results": [...]}``."""
+        and, from another worker, one request instead of one each.  -> ``{"ok": true, "results": [...]}``, or
+        ``{"ok": true, "ids": [...]}`` when every one was stored."""
         q = self._pushed_to(args)
         token = self._token(args)
         clock = (time.monotonic_ns(), time.time_ns())
@@ -498,7 +499,7 @@ class Shard:
         ids = q.push_many(checked, *clock)
         if q.name in self.waiters:
             self._wake[q.name] = q
-        return {"ok": True, "results": [{"ok": True, "id": msg_id} for msg_id in ids]}
+        return {"ok": True, "ids": ids}
 
     def _push_many(self, q: Queue, args: dict) -> dict:
         """A batch: ``messages`` is a list of ``(data, kind, priority, delay_ms)`` (priority and delay None: the

@@ -1,0 +1,86 @@
+"""Runs of single pushes in their canonical form (``{"op":"qpush","queue":Q,"data":D}``, as our client and
+orjson write them) are recognised by the NDJSON reader (``speedups.ndjson_runs``) and gathered without parsing
+each line (``ndjson_ops.push_run``): each push still gets its own reply, in order, and anything the fast path
+does not take (data that is not JSON, a line that only looks canonical, a permission to check) is answered as
+it always was."""
+
+import json
+
+from harness import Raw, on_worker
+from test_queues import owned_by, recv, stat
+
+
+def compact(obj) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+
+
+def canonical(queue: str, data) -> bytes:
+    return compact({"op": "qpush", "queue": queue, "data": data})
+
+
+def placed(broker, prefix: str, client_worker: int, owner: int) -> tuple[Raw, str]:
+    return on_worker(broker.port, client_worker), owned_by(owner, prefix)
+
+
+def drain(conn: Raw, queue: str, n: int) -> list[dict]:
+    got: list[dict] = []
+    while len(got) < n:
+        batch = recv(conn, queue, max=1000)
+        assert batch, f"only {len(got)} of {n} came back"
+        got += batch
+    return got
+
+
+DATA = [{"n": 1, "nested": {"list": [1, 2.5, True, None]}}, "text", "é ✓", 0, -1.5e3, [], {},
+        123456789012345678901234567890, 2 ** 64 + 1, 1e300, None, False]
+
+
+def test_a_long_run_of_pipelined_pushes_is_answered_in_order_and_stores_the_data_as_written(start_broker):
+    b = start_broker(workers=2, config={"queues": {"move_connections": False}})
+    for owner in (1, 0):   # across workers, then on the owner
+        conn, q = placed(b, f"run{owner}", 0, owner)
+        datas = [DATA[i % len(DATA)] if i % 7 else {"i": i} for i in range(2500)]
+        lines = [canonical(q, d) for d in datas]
+        # in the middle of the run: a line that looks canonical but is not valid JSON, and one that is valid
+        # but not a plain push (its "data" text is `1,"priority":9`)
+        lines.insert(1200, b'{"op":"qpush","queue":"%s","data":[1,}\n' % q.encode())
+        lines.insert(1500, b'{"op":"qpush","queue":"%s","data":"first","priority":9}\n' % q.encode())
+        conn.send(b"".join(lines))
+        replies = [conn.json() for _ in lines]
+        assert replies[1200] == {"ok": False, "error": "invalid_json"}
+        stored = replies[:1200] + replies[1201:]
+        assert all(r["ok"] for r in stored) and len({r["id"] for r in stored}) == 2501
+        assert stat(conn, q)["pushed"] == 2501
+        got = drain(conn, q, 2501)
+        assert got[0]["data"] == "first" and got[0]["id"] == replies[1500]["id"]
+        assert [m["id"] for m in got[1:]] == [r["id"] for r in stored if r["id"] != got[0]["id"]]
+        assert [m["data"] for m in got[1:]] == datas   # big integers exact, unicode and floats as sent
+        conn.close()
+
+
+def test_a_run_to_a_full_queue_refuses_only_what_does_not_fit(start_broker):
+    b = start_broker(workers=2, config={"queues": {"max_messages": 4, "move_connections": False}})
+    for owner in (1, 0):
+        conn, q = placed(b, f"full{owner}", 0, owner)
+        conn.send(b"".join(canonical(q, i) for i in range(6)) + compact({"op": "qstat", "queue": q}))
+        replies = [conn.json() for _ in range(7)]
+        assert [r["ok"] for r in replies[:6]] == [True] * 4 + [False] * 2
+        assert replies[4:6] == [{"ok": False, "error": "queue_full", "retry": True}] * 2
+        assert replies[6]["stat"]["visible"] == 4
+        conn.close()
+
+
+def test_a_run_is_checked_against_the_users_permissions(start_broker):
+    b = start_broker(workers=2, config={"security": {
+        "enabled": True, "iterations": 1000,
+        "users": [{"username": "producer", "password": "pw", "permissions": ["publish:jobs"]}],
+        "admin_user": {"username": "admin", "password": "adminpw", "permissions": ["admin"]}}})
+    conn = on_worker(b.port, 0, user="producer", password="pw")
+    conn.send(b"".join(canonical("jobs", i) for i in range(3)) + b"".join(canonical("other", i) for i in range(3)))
+    replies = [conn.json() for _ in range(6)]
+    assert [r["ok"] for r in replies] == [True] * 3 + [False] * 3
+    assert {r.get("error") for r in replies[3:]} == {"permission_denied"}
+    conn.close()
+    with Raw(b.port) as anonymous:   # no login: the run is refused line by line, as any request would be
+        anonymous.send(canonical("jobs", 1) * 2)
+        assert [anonymous.json()["error"] for _ in range(2)] == ["auth_required"] * 2
