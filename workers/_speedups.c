@@ -280,21 +280,31 @@ static inline int is_plain(unsigned char c) { return c >= 0x20 && c <= 0x7e && c
 static const char PUB_HEAD[] = "{\"op\":\"pub\",\"topic\":\"";
 static const char PUB_MID[] = "\",\"data\":\"";
 
+/* `head`, a name of one or more plain characters, `mid`, at the start of a line: -> the offset after `mid`, with
+ * the name's offsets, or -1. */
+static Py_ssize_t match_name(const unsigned char *b, Py_ssize_t n, const char *head, Py_ssize_t head_len,
+                             const char *mid, Py_ssize_t mid_len, Py_ssize_t *t0, Py_ssize_t *t1)
+{
+    Py_ssize_t i = head_len;
+    if (n < i || memcmp(b, head, (size_t)i) != 0)
+        return -1;
+    *t0 = i;
+    while (i < n && is_plain(b[i]))
+        i++;
+    *t1 = i;
+    if (*t1 == *t0 || n - i < mid_len || memcmp(b + i, mid, (size_t)mid_len) != 0)
+        return -1;
+    return i + mid_len;
+}
+
 /* A canonical NDJSON publish (purepath's _NDJSON_PUB, matched whole).  -> 1 with the topic's and the data's
  * (quotes included) offsets, or 0. */
 static int match_ndjson_pub(const unsigned char *b, Py_ssize_t n, Py_ssize_t *t0, Py_ssize_t *t1,
                             Py_ssize_t *d0, Py_ssize_t *d1)
 {
-    Py_ssize_t i = sizeof(PUB_HEAD) - 1, m = sizeof(PUB_MID) - 1;
-    if (n < i || memcmp(b, PUB_HEAD, (size_t)i) != 0)
+    Py_ssize_t i = match_name(b, n, PUB_HEAD, sizeof(PUB_HEAD) - 1, PUB_MID, sizeof(PUB_MID) - 1, t0, t1);
+    if (i < 0)
         return 0;
-    *t0 = i;
-    while (i < n && is_plain(b[i]))
-        i++;
-    *t1 = i;
-    if (*t1 == *t0 || n - i < m || memcmp(b + i, PUB_MID, (size_t)m) != 0)
-        return 0;
-    i += m;
     *d0 = i - 1;   /* the opening quote */
     while (i < n && is_plain(b[i]))
         i++;
@@ -317,16 +327,10 @@ static const char QPUSH_MID[] = "\",\"data\":";
 static int match_ndjson_qpush(const unsigned char *b, Py_ssize_t n, Py_ssize_t *t0, Py_ssize_t *t1,
                               Py_ssize_t *d0, Py_ssize_t *d1)
 {
-    Py_ssize_t i = sizeof(QPUSH_HEAD) - 1, m = sizeof(QPUSH_MID) - 1, end = n, j;
-    if (n < i || memcmp(b, QPUSH_HEAD, (size_t)i) != 0)
+    Py_ssize_t i = match_name(b, n, QPUSH_HEAD, sizeof(QPUSH_HEAD) - 1, QPUSH_MID, sizeof(QPUSH_MID) - 1, t0, t1);
+    Py_ssize_t end = n, j;
+    if (i < 0)
         return 0;
-    *t0 = i;
-    while (i < n && is_plain(b[i]))
-        i++;
-    *t1 = i;
-    if (*t1 == *t0 || n - i < m || memcmp(b + i, QPUSH_MID, (size_t)m) != 0)
-        return 0;
-    i += m;
     if (end > i && b[end - 1] == '\r')
         end--;
     if (end - i < 2 || b[end - 1] != '}')
