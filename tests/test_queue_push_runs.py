@@ -4,7 +4,12 @@ each line (``ndjson_ops.push_run``): each push still gets its own reply, in orde
 does not take (data that is not JSON, a line that only looks canonical, a permission to check) is answered as
 it always was."""
 
+import itertools
 import json
+
+import orjson
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from harness import Raw, on_worker
 from test_queues import owned_by, recv, stat
@@ -84,3 +89,59 @@ def test_a_run_is_checked_against_the_users_permissions(start_broker):
     with Raw(b.port) as anonymous:   # no login: the run is refused line by line, as any request would be
         anonymous.send(canonical("jobs", 1) * 2)
         assert [anonymous.json()["error"] for _ in range(2)] == ["auth_required"] * 2
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-2 ** 80, max_value=2 ** 80)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=8)
+DATA_TEXTS = st.one_of(
+    JSON_VALUES.map(lambda v: json.dumps(v, ensure_ascii=False, separators=(",", ":")).encode()),
+    JSON_VALUES.map(lambda v: json.dumps(v).encode()),                        # with spaces, \u escapes
+    st.binary(max_size=24).filter(lambda b: b"\n" not in b),                   # anything, mostly not JSON
+    st.sampled_from([b'1,"priority":9', b'1,"data":2', b'"x"}', b"[1,}", b"NaN", b'"\\ud800"', b"1e999"]))
+
+
+def _request(line: bytes) -> dict | None:
+    """The request ``line`` is (big integers exact), or None if it is not JSON."""
+    try:
+        req = json.loads(line)
+    except ValueError:
+        try:
+            req = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            return None
+    return req if type(req) is dict else None
+
+
+def test_any_data_text_in_a_canonical_push_is_stored_as_sent_or_refused_alone(start_broker):
+    """Random data texts, most of them not JSON, in pipelined canonical pushes: one reply per line, in order; what
+    is stored comes back equal to what the line says; what is refused is refused as invalid JSON; the connection
+    and the broker go on."""
+    b = start_broker(workers=2, config={"queues": {"move_connections": False}})
+    conn = on_worker(b.port, 0)
+    names = (f"fuzz.{i}" for i in itertools.count())
+
+    @settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.lists(DATA_TEXTS, min_size=1, max_size=12))
+    def check(texts):
+        q = next(names)
+        lines = [b'{"op":"qpush","queue":"%s","data":%s}\n' % (q.encode(), t) for t in texts]
+        conn.send(b"".join(lines))
+        replies = [conn.json() for _ in lines]
+        stored = []   # (priority, data): a text like `1,"priority":9` makes a valid line with another priority
+        for line, reply in zip(lines, replies):
+            req = _request(line[:-1])
+            if reply["ok"]:
+                assert req is not None, (line, reply)
+                if req.get("queue") == q:
+                    stored.append((req.get("priority", 4), req.get("data")))
+            elif req is None:
+                assert reply["error"] == "invalid_json", (line, reply)
+        got = recv(conn, q, max=100) if stored else []
+        assert [m["data"] for m in got] == [data for _, data in sorted(stored, key=lambda s: -s[0])]
+        assert conn.request({"op": "ping"})["ok"]
+
+    check()
+    conn.close()
