@@ -217,7 +217,7 @@ def push_run(session: "NdjsonSession", run: tuple) -> None:
         group = None
     if group is None:
         group = session.push_group = _PushGroup(queue)
-    group.pushes.extend([{"data": data, "kind": KIND_JSON} for data in datas])
+    group.pushes.extend(datas)   # a push of nothing but JSON data travels as its bytes
     group.replies.append((_NO_REQUEST, session.reserve(), room))
 
 
@@ -229,7 +229,7 @@ class _PushGroup:
 
     def __init__(self, queue: str) -> None:
         self.queue = queue
-        self.pushes: list[dict] = []
+        self.pushes: list[dict | bytes] = []   # a push's args, or the data of a run's push (push_run)
         # (request, reply slot, how many pushes in order it answers: 1, or a run's pushes in one reply)
         self.replies: list[tuple[dict, list, int]] = []
 
@@ -240,6 +240,7 @@ def flush_pushes(session: "NdjsonSession") -> None:
     service = session.hub.queue_service
     if len(group.pushes) == 1:
         (args,), ((req, slot, _),) = group.pushes, group.replies
+        args = {"data": args, "kind": KIND_JSON} if type(args) is bytes else args
         args["queue"] = group.queue
         service.request(session.cid, "push", args, lambda result: session.fill(slot, _pushed(req, result)))
         return

@@ -28,6 +28,7 @@ import time
 from typing import Callable
 
 from router.subjects import is_valid_literal
+from workers.message import KIND_JSON
 
 from .journal import Journal
 from .model import (D_RECEIPT, DLQ_SUFFIX, ENQUEUED, ID, KIND, MAX_PRIORITY, MS, PRIORITY, REDRIVEN, SOURCE, DATA,
@@ -438,8 +439,11 @@ class Shard:
             return self._push_many(q, args)
         return self._push_one(q, args, self._token(args))
 
-    def _push_one(self, q: Queue, args: dict, token: tuple | None, clock: tuple[int, int] | None = None) -> dict:
+    def _push_one(self, q: Queue, args: dict | bytes, token: tuple | None, clock: tuple[int, int] | None = None
+                  ) -> dict:
         """One push; ``clock``: (monotonic, wall) ns, read once for the pushes that arrived together."""
+        if type(args) is bytes:   # a push of nothing but JSON data (``pushes``)
+            args = {"data": args, "kind": KIND_JSON}
         if token is not None:
             stored = q.tokens.get(token)
             if stored is not None:  # sent again after a crash, and the first one was journaled: one copy
@@ -457,10 +461,11 @@ class Shard:
         return self._pushed(q, msg_id, args)
 
     def _pushes(self, args: dict, holder: tuple, reply: Reply) -> dict:
-        """Single pushes to one queue that arrived together (``pushes``: a list of push args without ``queue``),
-        each stored or refused on its own, as if sent one by one (unlike a batch push's all or nothing); one call
-        and, from another worker, one request instead of one each.  -> ``{"ok": true, "results": [...]}``, or
-        ``{"ok": true, "ids": [...]}`` when every one was stored."""
+        """Single pushes to one queue that arrived together (``pushes``: a list of push args without ``queue``, or
+        the bytes of a push of nothing but JSON data: ndjson_ops.push_run), each stored or refused on its own, as
+        if sent one by one (unlike a batch push's all or nothing); one call and, from another worker, one request
+        instead of one each.  -> ``{"ok": true, "results": [...]}``, or ``{"ok": true, "ids": [...]}`` when every
+        one was stored."""
         q = self._pushed_to(args)
         token = self._token(args)
         clock = (time.monotonic_ns(), time.time_ns())
@@ -486,9 +491,12 @@ class Shard:
         checked = []
         total = 0
         for item in items:
-            data, kind = item.get("data"), item.get("kind")
-            if len(item) != 2 or data is None or kind is None:
-                return None
+            if type(item) is bytes:
+                data, kind = item, KIND_JSON
+            else:
+                data, kind = item.get("data"), item.get("kind")
+                if len(item) != 2 or data is None or kind is None:
+                    return None
             size = len(data)
             if size > s.max_message_bytes:
                 return None
