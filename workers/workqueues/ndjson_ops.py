@@ -194,13 +194,13 @@ def push_run(session: "NdjsonSession", run: tuple) -> None:
     a login or permission to check, data that is not valid JSON, a connection near its pipelining bound."""
     queue_b, datas, lines, _ = run
     queue = queue_b.decode()   # ASCII: ndjson_runs lets nothing else through
-    hub = session.hub
-    room = max(1, min(len(datas), (TURN_BUDGET - hub.turn_work) // _PUSH_WORK, MAX_BATCH,
-                      MAX_PIPELINED - 1 - session.pending_replies))
     if session.movable or session.pending_replies >= MAX_PIPELINED - 1 or (session._secure and (
             session.user is None or not allowed(session.user.permissions, "push", queue))):
         Connection._run(session, lines)
         return
+    hub = session.hub
+    room = max(1, min(len(datas), (TURN_BUDGET - hub.turn_work) // _PUSH_WORK, MAX_BATCH,
+                      MAX_PIPELINED - 1 - session.pending_replies))
     try:
         for data in datas[:room]:
             _loads(data)

@@ -481,12 +481,12 @@ class Shard:
                 results.append(exc.result())
         return {"ok": True, "results": results}
 
-    def _push_run(self, q: Queue, items: list[dict], clock: tuple[int, int]) -> dict | None:
-        """Plain single pushes (data and kind, nothing else) from this worker that all fit now: stored together, as
-        one record, which is what pushing them one by one would have come to (each stored, in order), for less
-        work per push.  None: not such a run (a push with options, one too large, a queue too full for all of
-        them), for the one-by-one path to decide each on its own.  Pushes from another worker carry tokens, one
-        per push, which a batch record does not keep: they go one by one."""
+    def _push_run(self, q: Queue, items: list[dict | bytes], clock: tuple[int, int]) -> dict | None:
+        """Plain single pushes (data and kind, nothing else; or JSON data's bytes alone) from this worker that all
+        fit now: stored together, as one record, which is what pushing them one by one would have come to (each
+        stored, in order), for less work per push.  None: not such a run (a push with options, one too large, a
+        queue too full for all of them), for the one-by-one path to decide each on its own.  Pushes from another
+        worker carry tokens, one per push, which a batch record does not keep: they go one by one."""
         s = q.settings
         checked = []
         total = 0
