@@ -45,6 +45,8 @@ def test_tiny_bench_runs_and_reports(tmp_path):
     assert {"shardbroker/nats", "shardbroker/ndjson"} <= set(rows)
     for row in rows.values():
         assert row["msgs_per_sec"] > 0 and row["loss"] == 0, row
+        assert row["cpu_us_per_msg"] > 0, row   # the server's CPU time over the run, per message delivered
+    assert "cpu µs/msg" in res.stdout
     if "nats" in peers:
         assert rows["nats-server"]["vs_nats"] == 1.0 and rows["shardbroker/nats"]["vs_nats"] > 0
         assert "goal" in rows["shardbroker/nats"]
@@ -84,6 +86,7 @@ def test_tiny_queue_bench(tmp_path):
     for row in rows.values():
         assert row["msgs_per_sec"] > 0 and row["expected"] > 0 and row["loss"] == 0, row
         assert row["duplicates"] == 0 and row["refused"] == 0, row
+        assert row["cpu_us_per_msg"] > 0, row
     assert rows["qlatency", "shardbroker/ndjson"]["latency_us"]["samples"] > 0
     for run in result["runs"]:
         if run["target"].startswith("shardbroker") and run["scenario"] != "qpush":

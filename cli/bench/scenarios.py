@@ -288,11 +288,15 @@ class Bench:
         pub_subjects, sub_subjects = self._subjects(sc, server, plan, ids)
         _ask(plan, lambda gid, p, s: {"op": "subscribe", "subjects": [[x] for x in sub_subjects[gid]]})
         start = time.monotonic() + 0.3
+        cpu = server.cpu_seconds()
         replies = _ask(plan, lambda gid, p, s: {
             "op": "run", "subjects": pub_subjects[gid], "size": self.opts.payload, "start": start,
             "duration": self.opts.duration, "rate": sc.rate, "latency": sc.kind == "latency", "count": sc.count})
+        cpu = server.cpu_seconds() - cpu
         _ask(plan, lambda gid, p, s: {"op": "close"})
-        return self._measure(sc, plan, replies, pub_subjects, sub_subjects, start)
+        res = self._measure(sc, plan, replies, pub_subjects, sub_subjects, start)
+        res.update(_cpu(cpu, res["delivered"]))
+        return res
 
     def _subjects(self, sc: Scenario, server: servers.Server, plan: dict, ids: dict) -> tuple[dict, dict]:
         """Which subject each publisher and subscriber uses.  N→N on this broker: pair each publisher with a
@@ -355,16 +359,19 @@ class Bench:
                 "consumers": s, "owner": owner, "producer_at": sc.producer_at, "consumer_at": sc.consumer_at,
                 "prefix": prefixes[gid]})
             start = time.monotonic() + 0.3
+            cpu = server.cpu_seconds()
             replies = _ask(plan, lambda gid, p, s: {
                 "op": "qrun", "queue": queue, "size": self.opts.payload, "start": start,
                 "duration": self.opts.duration, "rate": sc.rate, "window": sc.window, "batch": sc.batch,
                 "wait_ms": sc.wait_ms, "count": sc.count, "drain": sc.drain, "push_batch": sc.push_batch})
+            cpu = server.cpu_seconds() - cpu
             _ask(plan, lambda gid, p, s: {"op": "close"})
             left = ctl.remaining(queue)
             ctl.cleanup(queue)
         finally:
             ctl.close()
         res = _queue_measure(sc, replies.values(), start, self.opts.duration, left)
+        res.update(_cpu(cpu, res["delivered"]))
         res.update(payload=self.opts.payload, owner=owner,
                    producer_workers=[w for r in placed.values() for w in r["producers"]],
                    consumer_workers=[w for r in placed.values() for w in r["consumers"]])
@@ -417,6 +424,8 @@ class Bench:
                     row["msgs_per_sec"] = statistics.median(r["msgs_per_sec"] for r in runs)
                     row["loss"] = sum(r["loss"] for r in runs)
                     row["expected"] = sum(r["expected"] for r in runs)
+                    cpu = [r["cpu_us_per_msg"] for r in runs if r.get("cpu_us_per_msg") is not None]
+                    row["cpu_us_per_msg"] = statistics.median(cpu) if cpu else None
                     if sc.queue:
                         row["queue"] = True
                         row["duplicates"] = sum(r["duplicates"] for r in runs)
@@ -482,6 +491,14 @@ def _queue_measure(sc: Scenario, replies, start: float, duration: float, left: d
     if sc.kind == "latency":
         res["latency_us"] = percentiles([x for r in replies for x in r["latencies"]])
     return res
+
+
+def _cpu(seconds: float, delivered: int) -> dict:
+    """What a run cost the server: its CPU seconds (every process and thread of it, ``Server.cpu_seconds``) from
+    the run's start to its end, and those per message delivered (queues: acked; ``qpush``: stored).  Steadier
+    than a rate on a machine the generators share, and comparable across servers whatever their threads."""
+    return {"cpu_seconds": round(seconds, 3),
+            "cpu_us_per_msg": round(seconds / delivered * 1e6, 3) if delivered else None}
 
 
 def _ratio(sc: Scenario, row: dict, base: dict) -> float | None:
