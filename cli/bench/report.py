@@ -26,6 +26,8 @@ def table(result: dict) -> str:
             loss = f"{row['loss']:,}"
         if row.get("duplicates"):
             loss += f" +{row['duplicates']:,} dup"
+        if row.get("refused"):   # pushes the server turned down (queue_full): the rate is not the push rate
+            loss += f" {row['refused']:,} refused"
         ratio = lambda key: f"{row[key]:.2f}x" if row.get(key) is not None else ""  # noqa: E731
         goal = ""
         if "goal" in row:
