@@ -2,7 +2,8 @@
 orjson write them) are recognised by the NDJSON reader (``speedups.ndjson_runs``) and gathered without parsing
 each line (``ndjson_ops.push_run``): each push still gets its own reply, in order, and anything the fast path
 does not take (data that is not JSON, a line that only looks canonical, a permission to check) is answered as
-it always was."""
+it always was.  A batch push in the canonical form (``{"op":"qpush","queue":Q,"messages":[{"data":D},...]}``)
+travels as its data's text (``speedups.qpush_batch``), checked as any batch is."""
 
 import itertools
 import json
@@ -145,3 +146,35 @@ def test_any_data_text_in_a_canonical_push_is_stored_as_sent_or_refused_alone(st
 
     check()
     conn.close()
+
+
+def batch_line(queue: str, datas: list[bytes]) -> bytes:
+    """A batch push in the canonical form, each data value's text as given."""
+    return b'{"op":"qpush","queue":"%s","messages":[%s]}\n' % (
+        queue.encode(), b",".join(b'{"data":%s}' % d for d in datas))
+
+
+def test_a_canonical_batch_push_stores_each_data_as_written(start_broker):
+    """A batch of nothing but data (``speedups.qpush_batch``) travels as the data's text: stored as written (big
+    integers exact, spacing kept) and checked as any batch is, all or nothing."""
+    b = start_broker(workers=2, config={"queues": {"move_connections": False, "max_message_bytes": 100,
+                                                   "max_messages": 16}})
+    texts = [json.dumps(d, ensure_ascii=False).encode() for d in DATA]   # json's spacing: '{"n": 1, ...}'
+    for owner in (1, 0):   # across workers, then on the owner
+        conn, q = placed(b, f"batch{owner}", 0, owner)
+        conn.send(batch_line(q, texts))
+        ids = conn.json()["ids"]
+        assert len(ids) == len(DATA)
+        got = recv(conn, q, max=100)
+        assert [m["id"] for m in got] == ids and [m["data"] for m in got] == DATA
+        assert stat(conn, q)["bytes"] == sum(map(len, texts))   # the size of the text as written
+        # refused whole: a message too large (its index), then more than the queue has room for
+        conn.send(batch_line(q, [b"1", b'"%s"' % (b"x" * 99), b"2"]) + batch_line(q, [b"1"] * 13))
+        assert conn.json() == {"ok": False, "error": "message_too_large", "max": 100, "index": 1}
+        assert conn.json() == {"ok": False, "error": "queue_full", "retry": True, "room": 16 - len(DATA)}
+        # the other forms still go the general way: an option on an item, one on the request
+        conn.send(b'{"op":"qpush","queue":"%s","messages":[{"data":1},{"data":2,"priority":9}]}\n' % q.encode()
+                  + b'{"op":"qpush","queue":"%s","messages":[{"data":3}],"delay_ms":0,"id":7}\n' % q.encode())
+        assert len(conn.json()["ids"]) == 2 and conn.json()["id"] == 7
+        assert [m["data"] for m in recv(conn, q, max=10)] == [2, 1, 3]
+        conn.close()

@@ -8,6 +8,7 @@ comparisons, and the pure path is what runs.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -181,6 +182,57 @@ def test_ndjson_runs_group_consecutive_publishes_to_one_topic():
         compiled.ndjson_runs((b"x",))
 
 
+# -- qpush_batch -----------------------------------------------------------------------------------------------
+def _batch_line(queue: bytes, datas: list[bytes]) -> bytes:
+    return b'{"op":"qpush","queue":"' + queue + b'","messages":[' + b",".join(
+        b'{"data":' + d + b"}" for d in datas) + b"]}"
+
+
+json_texts = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False),
+                                    st.text(max_size=6)),
+                          lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                  st.dictionaries(st.text(max_size=3), inner, max_size=3)),
+                          max_leaves=6).map(lambda v: json.dumps(v, ensure_ascii=False).encode())
+DATA_PIECES = [b'"a\\"', b'"\\\""', b'"]}"', b'{"a": [1, "}"]}', b"[]", b"{}", b"-1.5e3", b"null", b'"', b"",
+               b"1 ", b"[1", b'{"a":"', b"\\", b"1,2"]
+batch_lines = st.builds(_batch_line, st.sampled_from([b"q", b"a.b", b"a b", b""]),
+                        st.lists(st.one_of(json_texts, st.sampled_from(DATA_PIECES), st.binary(max_size=8)),
+                                 max_size=5)) | st.binary(max_size=60)
+
+
+@st.composite
+def mutated_batch(draw) -> bytes:
+    line = bytearray(draw(batch_lines))
+    for _ in range(draw(st.integers(min_value=0, max_value=3))):
+        if line:
+            line[draw(st.integers(min_value=0, max_value=len(line) - 1))] = draw(st.sampled_from(b'"\\{}[],: \r1'))
+    return bytes(line) + draw(st.sampled_from([b"", b"\r", b" "]))
+
+
+@needs_compiled
+@FUZZ
+@given(st.one_of(batch_lines, mutated_batch()))
+def test_qpush_batch_same_on_both_paths(line):
+    assert compiled.qpush_batch(line) == purepath.qpush_batch(line)
+
+
+@needs_compiled
+def test_qpush_batch_gives_each_data_value_as_written():
+    datas = [b'"x"', b'{"a": [1, "]}"], "b": {"c": null}}', b"-1.5e3", b'"q\\"\\\\"', b"123456789012345678901234567890",
+             b"[]", b"true"]
+    line = _batch_line(b"a.b", datas)
+    for batch in (compiled.qpush_batch, purepath.qpush_batch):
+        assert batch(line) == datas
+        assert batch(line + b"\r") == datas
+        assert [json.loads(d) for d in batch(line)] == [item["data"] for item in json.loads(line)["messages"]]
+        for other in (line + b" ", line.replace(b'{"data":-', b'{"data": -'), _batch_line(b"q", []),
+                      line.replace(b'"x"}', b'"x","priority":2}'), line[:-1] + b',"id":1}', line[:-2] + b"]",
+                      b'{"op":"qpush","queue":"q","data":1}', _batch_line(b"\\u0071", [b"1"])):
+            assert batch(other) is None, other
+    with pytest.raises(TypeError):
+        compiled.qpush_batch("x")
+
+
 # -- the parser on each path, split anywhere -------------------------------------------------------------------
 @needs_compiled
 @FUZZ
@@ -242,9 +294,10 @@ _PURE = {
                              "qstat_exact_counts"],
     "tests/test_queue_cluster.py": ["kill_9_of_the_owner_loses_nothing_acknowledged"],
     "tests/test_qlite.py": ["hide_expiry_redelivers_with_a_new_receipt", "many_subscribers_share_the_work_once_each"],
-    # runs of canonical pushes (purepath.ndjson_runs)
+    # runs of canonical pushes (purepath.ndjson_runs), canonical batch pushes (purepath.qpush_batch)
     "tests/test_queue_push_runs.py": [
-        "a_long_run_of_pipelined_pushes_is_answered_in_order_and_stores_the_data_as_written"],
+        "a_long_run_of_pipelined_pushes_is_answered_in_order_and_stores_the_data_as_written",
+        "a_canonical_batch_push_stores_each_data_as_written"],
 }
 PURE_PATH_TESTS = [f"{path}::test_{name}" for path, names in _PURE.items() for name in names]
 

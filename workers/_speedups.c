@@ -430,6 +430,101 @@ fail:
     return NULL;
 }
 
+static const char QBATCH_MID[] = "\",\"messages\":[";
+static const char ITEM_HEAD[] = "{\"data\":";
+
+/* The end of the string whose opening quote is at b[i], or -1. */
+static Py_ssize_t skip_string(const unsigned char *b, Py_ssize_t i, Py_ssize_t n)
+{
+    for (i++; i < n; i++) {
+        if (b[i] == '\\')
+            i++;
+        else if (b[i] == '"')
+            return i + 1;
+    }
+    return -1;
+}
+
+/* The end of the JSON value at b[i], before n, or -1 (purepath's _skip_value). */
+static Py_ssize_t skip_value(const unsigned char *b, Py_ssize_t i, Py_ssize_t n)
+{
+    Py_ssize_t depth = 0, start = i;
+    if (i >= n)
+        return -1;
+    if (b[i] == '"')
+        return skip_string(b, i, n);
+    if (b[i] == '{' || b[i] == '[') {
+        while (i < n) {
+            unsigned char c = b[i];
+            if (c == '"') {
+                i = skip_string(b, i, n);
+                if (i < 0)
+                    return -1;
+                continue;
+            }
+            if (c == '{' || c == '[')
+                depth++;
+            else if ((c == '}' || c == ']') && --depth == 0)
+                return i + 1;
+            i++;
+        }
+        return -1;
+    }
+    while (i < n && b[i] != ',' && b[i] != '}' && b[i] != ']' && b[i] != ' ' && b[i] != '\t' && b[i] != '\r'
+           && b[i] != '\n')
+        i++;
+    return i > start ? i : -1;
+}
+
+static PyObject *qpush_batch(PyObject *module, PyObject *line)
+{
+    const unsigned char *b;
+    Py_ssize_t n, i, t0, t1;
+    PyObject *datas;
+
+    if (!PyBytes_Check(line)) {
+        PyErr_SetString(PyExc_TypeError, "line must be bytes");
+        return NULL;
+    }
+    b = (const unsigned char *)PyBytes_AS_STRING(line);
+    n = PyBytes_GET_SIZE(line);
+    if (n > 0 && b[n - 1] == '\r')
+        n--;
+    i = match_name(b, n, QPUSH_HEAD, sizeof(QPUSH_HEAD) - 1, QBATCH_MID, sizeof(QBATCH_MID) - 1, &t0, &t1);
+    if (i < 0)
+        Py_RETURN_NONE;
+    datas = PyList_New(0);
+    if (datas == NULL)
+        return NULL;
+    for (;;) {
+        Py_ssize_t end;
+        PyObject *data;
+        if (n - i < (Py_ssize_t)sizeof(ITEM_HEAD) - 1 || memcmp(b + i, ITEM_HEAD, sizeof(ITEM_HEAD) - 1) != 0)
+            break;
+        i += sizeof(ITEM_HEAD) - 1;
+        end = skip_value(b, i, n);
+        if (end < 0 || end >= n || b[end] != '}')
+            break;
+        data = PyBytes_FromStringAndSize((const char *)b + i, end - i);
+        if (data == NULL || PyList_Append(datas, data) < 0) {
+            Py_XDECREF(data);
+            Py_DECREF(datas);
+            return NULL;
+        }
+        Py_DECREF(data);
+        i = end + 1;
+        if (i < n && b[i] == ',') {
+            i++;
+            continue;
+        }
+        if (i + 2 == n && b[i] == ']' && b[i + 1] == '}')
+            return datas;
+        break;
+    }
+    Py_DECREF(datas);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"scan_pubs", (PyCFunction)(void (*)(void))scan_pubs, METH_FASTCALL,
      "scan_pubs(buf, pos, max_line, max_payload) -> (subject, reply, payloads, pos): see workers/purepath.py"},
@@ -437,6 +532,8 @@ static PyMethodDef methods[] = {
      "msg_tails(payloads, reply) -> list of ' [reply] <size>\\r\\n<payload>\\r\\n': see workers/purepath.py"},
     {"ndjson_runs", (PyCFunction)ndjson_runs, METH_O,
      "ndjson_runs(lines) -> lines with runs of canonical publishes grouped: see workers/purepath.py"},
+    {"qpush_batch", (PyCFunction)qpush_batch, METH_O,
+     "qpush_batch(line) -> the data values' text of a canonical batch push, or None: see workers/purepath.py"},
     {NULL, NULL, 0, NULL},
 };
 

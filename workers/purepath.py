@@ -16,6 +16,9 @@ any change here is a change there.
   too, so that a run is gathered for the queue's owner in one call (workers/workqueues/ndjson_ops.py,
   ``push_run``).  D is any text without control characters: whether it is JSON is checked there, and what is not
   goes back to the general path, line by line.  Every other line stays a line for the general path.
+- ``qpush_batch``: the data values' text of a batch push in its canonical form
+  (``{"op":"qpush","queue":"Q","messages":[{"data":D},...]}``), a line orjson has already accepted, so that the
+  batch is stored as the client wrote it without encoding each value again (workers/workqueues/ndjson_ops.py).
 """
 
 from __future__ import annotations
@@ -93,6 +96,66 @@ def ndjson_runs(lines: list) -> list:
         run = (kind, name, [value], [line])
         out.append(run[1:] if kind is None else run[1:] + (QPUSH,))
     return out
+
+
+# A canonical batch push: this head, then ``{"data":D}`` items, comma-separated, then ``]}``.  A data value is
+# skipped as JSON is written (valid, as orjson accepted the line): a string up to its closing quote, an object or
+# an array up to the bracket that closes it (strings in it skipped whole), anything else up to a comma, a
+# closing bracket or a blank.
+_NDJSON_QBATCH = re.compile(rb'\{"op":"qpush","queue":"' + _PLAIN + rb'+","messages":\[')
+_ITEM = b'{"data":'
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_NESTED = re.compile(_STRING.pattern + rb'|["{}\[\]]', re.S)   # a whole string, a lone quote, a bracket
+_SCALAR = re.compile(rb'[^,}\] \t\r\n]+')
+
+
+def qpush_batch(line: bytes) -> list[bytes] | None:
+    """The data values' text of a batch push in the canonical form
+    ``{"op":"qpush","queue":"Q","messages":[{"data":D},...]}`` (a line orjson accepted: each D is JSON), in
+    order; None for any other line."""
+    m = _NDJSON_QBATCH.match(line)
+    if m is None:
+        return None
+    n = len(line) - 1 if line.endswith(b"\r") else len(line)
+    i = m.end()
+    datas = []
+    while True:
+        if not line.startswith(_ITEM, i, n):
+            return None
+        i += len(_ITEM)
+        end = _skip_value(line, i, n)
+        if end < 0 or line[end:end + 1] != b"}":
+            return None
+        datas.append(line[i:end])
+        i = end + 1
+        if line[i:i + 1] == b",":
+            i += 1
+            continue
+        return datas if i + 2 == n and line[i:n] == b"]}" else None
+
+
+def _skip_value(line: bytes, i: int, n: int) -> int:
+    """The end of the JSON value at ``i`` (before ``n``), or -1."""
+    if i >= n:
+        return -1
+    c = line[i]
+    if c == 0x22:   # "
+        m = _STRING.match(line, i, n)
+        return m.end() if m is not None else -1
+    if c == 0x7b or c == 0x5b:   # { [
+        depth = 0
+        for t in _NESTED.finditer(line, i, n):
+            token = t.group()
+            if token == b'"':   # a string that does not end
+                return -1
+            if len(token) > 1:
+                continue
+            depth += 1 if token in b"{[" else -1
+            if depth == 0:
+                return t.end()
+        return -1
+    m = _SCALAR.match(line, i, n)
+    return m.end() if m is not None else -1
 
 
 def msg_tails(payloads: list[bytes], reply: bytes | None) -> list[bytes]:

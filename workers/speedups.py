@@ -34,6 +34,7 @@ IMPLEMENTATION = "pure" if _impl is purepath else "compiled"
 scan_pubs = _impl.scan_pubs
 msg_tails = _impl.msg_tails
 ndjson_runs = _impl.ndjson_runs
+qpush_batch = _impl.qpush_batch
 
 
 def describe() -> str:

@@ -87,6 +87,19 @@ class _Ready:
         if priority > self.top:
             self.top = priority
 
+    def extend(self, seqs: list[int], priorities: list[int]) -> None:
+        """``add`` each, in one step where they are new pushes of one priority (seqs in increasing order)."""
+        p = priorities[0]
+        fifo = self.fifo[p]
+        if priorities.count(p) != len(priorities) or (fifo and seqs[0] < fifo[-1]):
+            for seq, priority in zip(seqs, priorities):
+                self.add(seq, priority)
+            return
+        fifo.extend(seqs)
+        self.count += len(seqs)
+        if p > self.top:
+            self.top = p
+
     def pop_many(self, n: int) -> list[int]:
         """The next ``n`` (at most ``count``) in serving order, taken out."""
         out: list[int] = []
@@ -438,16 +451,15 @@ class Queue:
         tokens[token] = ids
 
     def _store(self, messages: list, ready_ats: list | None) -> None:
-        """New messages (tuples), visible or (``ready_ats``, per message, 0: visible) delayed."""
+        """New messages (tuples, in increasing sequence order, as every record lists them), visible or
+        (``ready_ats``, per message, 0: visible) delayed."""
         store = self.messages
         size = 0
         if ready_ats is None:
-            add = self._ready.add
-            for msg in messages:
-                seq = msg[0]
-                store[seq] = msg
-                size += len(msg[3])
-                add(seq, msg[4])
+            seqs = [msg[0] for msg in messages]
+            store.update(zip(seqs, messages))
+            size = sum([len(msg[3]) for msg in messages])
+            self._ready.extend(seqs, [msg[4] for msg in messages])
         else:
             for msg, ready_at in zip(messages, ready_ats):
                 store[msg[0]] = msg
@@ -574,6 +586,15 @@ class Queue:
         if any(item[3] for item in items):
             ready_ats = [now + delay * MS if delay else 0 for _, _, _, delay in items]
         self._do(("pushes", token, messages, ready_ats))
+        return ids
+
+    def push_data(self, kind: int, datas: list[bytes], priority: int, delay_ms: int, now: int, wall: int,
+                  token: tuple | None = None) -> list[str]:
+        """Store a batch of checked data of one kind, priority and delay, in one record.  -> ids."""
+        seq = self.next_seq
+        ids = new_ids(len(datas))
+        messages = [(seq + i, ids[i], kind, data, priority, wall, "", "", 0) for i, data in enumerate(datas)]
+        self._do(("pushes", token, messages, [now + delay_ms * MS] * len(datas) if delay_ms else None))
         return ids
 
     def lease(self, now: int, count: int, visibility_ms: int, holder: tuple | None) -> list[tuple]:

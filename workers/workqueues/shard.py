@@ -435,7 +435,7 @@ class Shard:
 
     def _push(self, args: dict, holder: tuple, reply: Reply) -> dict:
         q = self._pushed_to(args)
-        if "messages" in args:
+        if "messages" in args or "datas" in args:
             return self._push_many(q, args)
         return self._push_one(q, args, self._token(args))
 
@@ -511,20 +511,32 @@ class Shard:
 
     def _push_many(self, q: Queue, args: dict) -> dict:
         """A batch: ``messages`` is a list of ``(data, kind, priority, delay_ms)`` (priority and delay None: the
-        request's own, or the defaults).  Every message is checked before any is stored, and they are stored
+        request's own, or the defaults), or ``datas`` a list of JSON data's bytes (the request's priority and
+        delay for all).  Every message is checked before any is stored, and they are stored
         together (one journal record) or not at all.  -> ``{"ok": true, "ids": [...]}`` in order."""
         token = self._token(args)
         if token is not None:
             stored = q.tokens.get(token)
             if stored is not None:  # sent again after a crash, and the first one was journaled: one copy
                 return {"ok": True, "ids": list(stored)}
-        items = args["messages"]
+        datas = args.get("datas")   # JSON data alone, the request's priority and delay for all (ndjson_ops)
+        items = args["messages"] if datas is None else datas
         if type(items) is not list or not 1 <= len(items) <= MAX_BATCH:
             raise QueueError("invalid_messages", min=1, max=MAX_BATCH)
         priority = _int(args, "priority", DEFAULT_PRIORITY, 0, MAX_PRIORITY)
         max_delay = q.settings.max_delay_ms
         delay = _int(args, "delay_ms", 0, 0, max_delay)
         max_size = q.settings.max_message_bytes
+        if datas is not None:
+            sizes = [len(data) for data in datas]
+            if max(sizes) > max_size:
+                raise QueueError("message_too_large", max=max_size,
+                                 index=next(i for i, size in enumerate(sizes) if size > max_size))
+            q.check_batch(sizes)
+            ids = q.push_data(KIND_JSON, datas, priority, delay, time.monotonic_ns(), time.time_ns(), token)
+            if q.name in self.waiters and q.visible:
+                self._wake[q.name] = q
+            return {"ok": True, "ids": ids}
         checked = []
         sizes = []
         for i, (data, kind, p, d) in enumerate(items):
