@@ -159,7 +159,10 @@ class TopApp(App):
         rows = self._rows(snap)
         rows = [] if rows is None else rows
         sort = self.sorts[view.name]
-        if view.name != "connections" or snap.connections_sorted_by != "server" or self._reversed(view):
+        # Rows the broker sorted are shown in its order, unless the sort changed since they were fetched (until
+        # the refresh that asks for the new one arrives, they are sorted here).
+        if view.name != "connections" or snap.connections_sorted_by != "server" or self._reversed(view) \
+                or snap.connections_sort != sort:
             rows = model.sort_rows(rows, view, sort, self._reversed(view))
         if self.filter:
             needle = self.filter.lower()

@@ -347,6 +347,7 @@ class Snapshot:
     connections: list[dict] | None = None
     connections_total: int | None = None
     connections_sorted_by: str = ""   # "server" or "client"
+    connections_sort: str = ""        # the key they were fetched sorted by (server)
     subscribers: list[dict] | None = None
     subject_detail: dict | None = None
 
@@ -515,6 +516,7 @@ class Poller:
             try:
                 body = self.client.get("/connz", sort=nats_key, limit=self.limit)
                 snap.connections_sorted_by = "server"
+                snap.connections_sort = sort
             except BadRequest:
                 self._bad_sorts.add(nats_key)
         if body is None:
