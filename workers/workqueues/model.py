@@ -739,10 +739,14 @@ class Queue:
         """Rebuild the deadlines' heap (in place) with the entries of live leases only (see _DEADLINES_SLACK):
         each live lease has one entry at its current deadline.  O(entries), once per as many new ones."""
         leases = self.leases
+        held = leases.__contains__
         live = []
         refs = 0
         for deadline, receipts in self._deadlines:
-            keep = tuple(r for r in receipts if (lease := leases.get(r)) is not None and lease[L_DEADLINE] == deadline)
+            # most entries are of batches acked whole: the receipts still leased first (a loop in C), then theirs
+            keep = tuple(filter(held, receipts))
+            if keep:
+                keep = tuple(r for r in keep if leases[r][L_DEADLINE] == deadline)
             if keep:
                 live.append((deadline, keep))
                 refs += len(keep)
