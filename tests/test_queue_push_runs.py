@@ -178,3 +178,24 @@ def test_a_canonical_batch_push_stores_each_data_as_written(start_broker):
         assert len(conn.json()["ids"]) == 2 and conn.json()["id"] == 7
         assert [m["data"] for m in recv(conn, q, max=10)] == [2, 1, 3]
         conn.close()
+
+
+def test_a_push_of_columns_replays_to_the_same_messages(tmp_path):
+    """Pushes of one kind and priority without a delay (a canonical batch, a run) are journaled as columns
+    (``pushcol``): a replay rebuilds exactly the messages stored, ids, data, order and tokens included."""
+    from test_wq_disk_full import Disk, run
+
+    def body():
+        d = Disk(str(tmp_path / "j"))
+        replies = d.turn(("push", {"queue": "jobs", "datas": [b'"a"', b'{"b": 1}', b"3"]}),
+                         ("pushes", {"queue": "jobs", "pushes": [b'"run1"', b'"run2"']}),
+                         ("push", {"queue": "jobs", "datas": [b"4", b"5"], "priority": 9, "token": [1, 2, 3]}),
+                         ("push", {"queue": "jobs", "datas": [b"6"], "delay_ms": 60_000}))
+        assert all(box[0]["ok"] for box in replies)
+        q = d.shard.queue("jobs")
+        again = d.replayed().queue("jobs")
+        assert again.messages == q.messages and len(q.messages) == 8
+        assert again.tokens.get((1, 2, 3)) == tuple(replies[2][0]["ids"])
+        assert [m[3] for m in again.peek_visible(10)] == [b"4", b"5", b'"a"', b'{"b": 1}', b"3", b'"run1"', b'"run2"']
+        d.close()
+    run(body)

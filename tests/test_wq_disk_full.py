@@ -93,15 +93,18 @@ def test_a_push_that_cannot_be_journaled_is_undone_and_refused(tmp_path):
         q = d.shard.queue("jobs")
         before = q.stat(0)
         d.full()
-        one, batch, group = d.turn(push(b"lost"),
-                                   ("push", {"queue": "jobs", "messages": [(b"a", 0, None, None), (b"b", 0, 9, 5000)]}),
-                                   ("pushes", {"queue": "jobs", "pushes": [{"data": b"c"}, {"data": b"d"}]}))
+        one, batch, group, columns, run_ = d.turn(
+            push(b"lost"), ("push", {"queue": "jobs", "messages": [(b"a", 0, None, None), (b"b", 0, 9, 5000)]}),
+            ("pushes", {"queue": "jobs", "pushes": [{"data": b"c"}, {"data": b"d"}]}),
+            ("push", {"queue": "jobs", "datas": [b"e", b"f"]}),        # journaled as columns (pushcol)
+            ("pushes", {"queue": "jobs", "pushes": [b"g", b"h"]}))     # a run of canonical pushes: columns too
         # refused at once (nothing else waits for the disk), and nothing of them is left in memory; single pushes
-        # sent together are refused each
+        # sent together are refused each (a run stored whole is refused whole: ndjson_ops tells each of its pushes)
         assert one == [REFUSED] and batch == [REFUSED] and group == [{"ok": True, "results": [REFUSED, REFUSED]}]
+        assert columns == [REFUSED] and run_ == [REFUSED]
         assert q.stat(0) == before and len(q.messages) == 1 and q.visible == 1 and q.bytes == 4
         assert not d.journal.dirty and os.path.getsize(d.path) == size
-        assert d.shard.journal_refused == 4
+        assert d.shard.journal_refused == 6
         # space again: the next push is stored, and the journal replays to exactly what was acknowledged
         d.free()
         (ok2,) = d.turn(push(b"later"))

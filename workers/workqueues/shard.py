@@ -32,7 +32,8 @@ from workers.message import KIND_JSON
 
 from .journal import Journal
 from .model import (D_RECEIPT, DLQ_SUFFIX, ENQUEUED, ID, KIND, MAX_PRIORITY, MS, PRIORITY, REDRIVEN, SOURCE, DATA,
-                    Queue, QueueError, Settings, canonical_receipt, is_dlq, record_text)
+                    Queue, QueueError, Settings, canonical_receipt, is_dlq, pushed_seqs,
+                    record_text)
 
 log = logging.getLogger("broker.queues")
 
@@ -331,9 +332,9 @@ class Shard:
             if not name:
                 continue
             kind = rec[0]
-            if kind == "pushes":
+            if kind == "pushes" or kind == "pushcol":
                 undo.setdefault(name, []).append(i)
-                seqs.setdefault(name, set()).update(m[0] for m in rec[2])
+                seqs.setdefault(name, set()).update(pushed_seqs(rec))
             elif kind == "push" and not rec[8] and not rec[9] and not rec[11]:   # no deliveries, reason, redrive
                 undo.setdefault(name, []).append(i)
                 seqs.setdefault(name, set()).add(rec[1])
@@ -358,10 +359,8 @@ class Shard:
             pushed: set[int] = set()   # leased in the turn they were pushed in: back to no heap at all
             for i in indexes:
                 rec = records[i][1]
-                if rec[0] == "pushes":
-                    pushed.update(m[0] for m in rec[2])
-                elif rec[0] == "push":
-                    pushed.add(rec[1])
+                if rec[0] != "leases":
+                    pushed.update(pushed_seqs(rec))
             off_heap: set[int] = set()
             for i in reversed(indexes):
                 rec = records[i][1]
@@ -488,7 +487,8 @@ class Shard:
         queue too full for all of them), for the one-by-one path to decide each on its own.  Pushes from another
         worker carry tokens, one per push, which a batch record does not keep: they go one by one."""
         s = q.settings
-        checked = []
+        datas = []
+        kinds = []
         total = 0
         for item in items:
             if type(item) is bytes:
@@ -501,10 +501,14 @@ class Shard:
             if size > s.max_message_bytes:
                 return None
             total += size
-            checked.append((kind, data, DEFAULT_PRIORITY, 0))
-        if len(q.messages) + len(checked) > s.max_messages or q.bytes + total > s.max_bytes:
+            datas.append(data)
+            kinds.append(kind)
+        if len(q.messages) + len(datas) > s.max_messages or q.bytes + total > s.max_bytes:
             return None
-        ids = q.push_many(checked, *clock)
+        if kinds.count(kinds[0]) == len(kinds):
+            ids = q.push_data(kinds[0], datas, DEFAULT_PRIORITY, 0, *clock)
+        else:
+            ids = q.push_many([(kind, data, DEFAULT_PRIORITY, 0) for kind, data in zip(kinds, datas)], *clock)
         if q.name in self.waiters:
             self._wake[q.name] = q
         return {"ok": True, "ids": ids}
