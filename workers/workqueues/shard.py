@@ -483,9 +483,10 @@ class Shard:
     def _push_run(self, q: Queue, items: list[dict | bytes], clock: tuple[int, int]) -> dict | None:
         """Plain single pushes (data and kind, nothing else; or JSON data's bytes alone) from this worker that all
         fit now: stored together, as one record, which is what pushing them one by one would have come to (each
-        stored, in order), for less work per push.  None: not such a run (a push with options, one too large, a
-        queue too full for all of them), for the one-by-one path to decide each on its own.  Pushes from another
-        worker carry tokens, one per push, which a batch record does not keep: they go one by one."""
+        stored, in order), for less work per push.  None: not such a run (a push with options, data of different
+        kinds, one too large, a queue too full for all of them), for the one-by-one path to decide each on its own.
+        Pushes from another worker carry tokens, one per push, which a batch record does not keep: they go one by
+        one."""
         s = q.settings
         datas = []
         kinds = []
@@ -505,10 +506,9 @@ class Shard:
             kinds.append(kind)
         if len(q.messages) + len(datas) > s.max_messages or q.bytes + total > s.max_bytes:
             return None
-        if kinds.count(kinds[0]) == len(kinds):
-            ids = q.push_data(kinds[0], datas, DEFAULT_PRIORITY, 0, *clock)
-        else:
-            ids = q.push_many([(kind, data, DEFAULT_PRIORITY, 0) for kind, data in zip(kinds, datas)], *clock)
+        if kinds.count(kinds[0]) != len(kinds):   # one record stores one kind
+            return None
+        ids = q.push_data(kinds[0], datas, DEFAULT_PRIORITY, 0, *clock)
         if q.name in self.waiters:
             self._wake[q.name] = q
         return {"ok": True, "ids": ids}
@@ -536,29 +536,27 @@ class Shard:
             if max(sizes) > max_size:
                 raise QueueError("message_too_large", max=max_size,
                                  index=next(i for i, size in enumerate(sizes) if size > max_size))
-            q.check_batch(sizes)
-            ids = q.push_data(KIND_JSON, datas, priority, delay, time.monotonic_ns(), time.time_ns(), token)
-            if q.name in self.waiters and q.visible:
-                self._wake[q.name] = q
-            return {"ok": True, "ids": ids}
-        checked = []
-        sizes = []
-        for i, (data, kind, p, d) in enumerate(items):
-            if p is None:
-                p = priority
-            elif type(p) is not int or not 0 <= p <= MAX_PRIORITY:
-                raise QueueError("invalid_priority", min=0, max=MAX_PRIORITY, index=i)
-            if d is None:
-                d = delay
-            elif type(d) is not int or not 0 <= d <= max_delay:
-                raise QueueError("invalid_delay", min=0, max=max_delay, index=i)
-            size = len(data)
-            if size > max_size:
-                raise QueueError("message_too_large", max=max_size, index=i)
-            sizes.append(size)
-            checked.append((kind, data, p, d))
+        else:
+            checked = []
+            sizes = []
+            for i, (data, kind, p, d) in enumerate(items):
+                if p is None:
+                    p = priority
+                elif type(p) is not int or not 0 <= p <= MAX_PRIORITY:
+                    raise QueueError("invalid_priority", min=0, max=MAX_PRIORITY, index=i)
+                if d is None:
+                    d = delay
+                elif type(d) is not int or not 0 <= d <= max_delay:
+                    raise QueueError("invalid_delay", min=0, max=max_delay, index=i)
+                size = len(data)
+                if size > max_size:
+                    raise QueueError("message_too_large", max=max_size, index=i)
+                sizes.append(size)
+                checked.append((kind, data, p, d))
         q.check_batch(sizes)
-        ids = q.push_many(checked, time.monotonic_ns(), time.time_ns(), token)
+        now, wall = time.monotonic_ns(), time.time_ns()
+        ids = q.push_many(checked, now, wall, token) if datas is None else \
+            q.push_data(KIND_JSON, datas, priority, delay, now, wall, token)
         if q.name in self.waiters and q.visible:
             self._wake[q.name] = q
         return {"ok": True, "ids": ids}
