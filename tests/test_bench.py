@@ -46,6 +46,7 @@ def test_tiny_bench_runs_and_reports(tmp_path):
     for row in rows.values():
         assert row["msgs_per_sec"] > 0 and row["loss"] == 0, row
         assert row["cpu_us_per_msg"] > 0, row   # the server's CPU time over the run, per message delivered
+        assert row["gen_cpu_us_per_msg"] > 0, row   # and the load generators'
     assert "cpu µs/msg" in res.stdout
     if "nats" in peers:
         assert rows["nats-server"]["vs_nats"] == 1.0 and rows["shardbroker/nats"]["vs_nats"] > 0
@@ -86,7 +87,7 @@ def test_tiny_queue_bench(tmp_path):
     for row in rows.values():
         assert row["msgs_per_sec"] > 0 and row["expected"] > 0 and row["loss"] == 0, row
         assert row["duplicates"] == 0 and row["refused"] == 0, row
-        assert row["cpu_us_per_msg"] > 0, row
+        assert row["cpu_us_per_msg"] > 0 and row["gen_cpu_us_per_msg"] > 0, row
     assert rows["qlatency", "shardbroker/ndjson"]["latency_us"]["samples"] > 0
     for run in result["runs"]:
         if run["target"].startswith("shardbroker") and run["scenario"] != "qpush":

@@ -9,8 +9,8 @@ import os
 def table(result: dict) -> str:
     lines = []
     width = max([20] + [len(row["target"]) for row in result["summary"]])
-    header = (f"{'scenario':34} {'target':{width}} {'result':>28} {'loss':>8} {'cpu µs/msg':>10} {'vs nats':>8} "
-              f"{'vs redis':>8}  goal")
+    header = (f"{'scenario':34} {'target':{width}} {'result':>28} {'loss':>8} {'cpu µs/msg':>10} {'gen µs/msg':>10} "
+              f"{'vs nats':>8} {'vs redis':>8}  goal")
     lines.append(header)
     lines.append("-" * len(header) + "-" * 30)
     for row in result["summary"]:
@@ -34,8 +34,9 @@ def table(result: dict) -> str:
             g = row["goal"]
             sign = "≤" if row["kind"] == "latency" else "≥"
             goal = f"{sign}{g['target']}x {g['vs']}: {'met' if g['met'] else 'MISSED'}"
-        cpu = f"{row['cpu_us_per_msg']:.2f}" if row.get("cpu_us_per_msg") is not None else ""
-        lines.append(f"{row['title'][:34]:34} {row['target']:{width}} {value:>28} {loss:>8} {cpu:>10} "
+        cpu, gen = (f"{row[key]:.2f}" if row.get(key) is not None else "" for key in ("cpu_us_per_msg",
+                                                                                       "gen_cpu_us_per_msg"))
+        lines.append(f"{row['title'][:34]:34} {row['target']:{width}} {value:>28} {loss:>8} {cpu:>10} {gen:>10} "
                      f"{ratio('vs_nats'):>8} {ratio('vs_redis'):>8}  {goal}")
     servers = ", ".join(f"{k} {v}" for k, v in result["servers"].items())
     m = result["machine"]
@@ -43,7 +44,8 @@ def table(result: dict) -> str:
     lines.append(f"servers: {servers}; machine: {m['cpus']} CPUs, {m['platform']}, Python {m['python']}; "
                  f"payload {result['options']['payload']} B, {result['options']['rounds']} round(s) of "
                  f"{result['options']['duration']} s, medians shown; cpu µs/msg: the server's CPU time (all its "
-                 f"processes and threads) over a run, per message delivered")
+                 f"processes and threads) over a run, per message delivered; gen µs/msg: the load generators' the "
+                 f"same way")
     return "\n".join(lines)
 
 

@@ -166,6 +166,7 @@ class Bench:
             proc = ctx.Process(target=loadgen.main, args=(child,), daemon=True)
             proc.start()
             pool.append((proc, parent))
+        self._gen_pids = [proc.pid for proc, _ in pool]
         try:
             for rnd in range(self.opts.rounds):
                 order = targets[rnd % len(targets):] + targets[:rnd % len(targets)]
@@ -234,6 +235,10 @@ class Bench:
             proc.join(5)
         return rows
 
+    def _gen_cpu(self) -> float:
+        """CPU time the generator processes have used so far."""
+        return sum(servers.process_cpu(pid) for pid in self._gen_pids)
+
     def _start_servers(self, chosen: list[Scenario]) -> None:
         self.servers["shardbroker"] = self._broker(QUEUE_BOUNDS)
         if any(sc.queue for sc in chosen) and "ndjson" in self.opts.protocols:
@@ -294,14 +299,14 @@ class Bench:
         pub_subjects, sub_subjects = self._subjects(sc, server, plan, ids)
         _ask(plan, lambda gid, p, s: {"op": "subscribe", "subjects": [[x] for x in sub_subjects[gid]]})
         start = time.monotonic() + 0.3
-        cpu = server.cpu_seconds()
+        cpu, gen_cpu = server.cpu_seconds(), self._gen_cpu()
         replies = _ask(plan, lambda gid, p, s: {
             "op": "run", "subjects": pub_subjects[gid], "size": self.opts.payload, "start": start,
             "duration": self.opts.duration, "rate": sc.rate, "latency": sc.kind == "latency", "count": sc.count})
-        cpu = server.cpu_seconds() - cpu
+        cpu, gen_cpu = server.cpu_seconds() - cpu, self._gen_cpu() - gen_cpu
         _ask(plan, lambda gid, p, s: {"op": "close"})
         res = self._measure(sc, plan, replies, pub_subjects, sub_subjects, start)
-        res.update(_cpu(cpu, res["delivered"]))
+        res.update(_cpu(cpu, res["delivered"], gen_cpu))
         return res
 
     def _subjects(self, sc: Scenario, server: servers.Server, plan: dict, ids: dict) -> tuple[dict, dict]:
@@ -365,19 +370,19 @@ class Bench:
                 "consumers": s, "owner": owner, "producer_at": sc.producer_at, "consumer_at": sc.consumer_at,
                 "prefix": prefixes[gid]})
             start = time.monotonic() + 0.3
-            cpu = server.cpu_seconds()
+            cpu, gen_cpu = server.cpu_seconds(), self._gen_cpu()
             replies = _ask(plan, lambda gid, p, s: {
                 "op": "qrun", "queue": queue, "size": self.opts.payload, "start": start,
                 "duration": self.opts.duration, "rate": sc.rate, "window": sc.window, "batch": sc.batch,
                 "wait_ms": sc.wait_ms, "count": sc.count, "drain": sc.drain, "push_batch": sc.push_batch})
-            cpu = server.cpu_seconds() - cpu
+            cpu, gen_cpu = server.cpu_seconds() - cpu, self._gen_cpu() - gen_cpu
             _ask(plan, lambda gid, p, s: {"op": "close"})
             left = ctl.remaining(queue)
             ctl.cleanup(queue)
         finally:
             ctl.close()
         res = _queue_measure(sc, replies.values(), start, self.opts.duration, left)
-        res.update(_cpu(cpu, res["delivered"]))
+        res.update(_cpu(cpu, res["delivered"], gen_cpu))
         res.update(payload=self.opts.payload, owner=owner,
                    producer_workers=[w for r in placed.values() for w in r["producers"]],
                    consumer_workers=[w for r in placed.values() for w in r["consumers"]])
@@ -430,8 +435,9 @@ class Bench:
                     row["msgs_per_sec"] = statistics.median(r["msgs_per_sec"] for r in runs)
                     row["loss"] = sum(r["loss"] for r in runs)
                     row["expected"] = sum(r["expected"] for r in runs)
-                    cpu = [r["cpu_us_per_msg"] for r in runs if r.get("cpu_us_per_msg") is not None]
-                    row["cpu_us_per_msg"] = statistics.median(cpu) if cpu else None
+                    for key in ("cpu_us_per_msg", "gen_cpu_us_per_msg"):
+                        cpu = [r[key] for r in runs if r.get(key) is not None]
+                        row[key] = statistics.median(cpu) if cpu else None
                     if sc.queue:
                         row["queue"] = True
                         row["duplicates"] = sum(r["duplicates"] for r in runs)
@@ -499,12 +505,15 @@ def _queue_measure(sc: Scenario, replies, start: float, duration: float, left: d
     return res
 
 
-def _cpu(seconds: float, delivered: int) -> dict:
+def _cpu(seconds: float, delivered: int, generators: float) -> dict:
     """What a run cost the server: its CPU seconds (every process and thread of it, ``Server.cpu_seconds``) from
     the run's start to its end, and those per message delivered (queues: acked; ``qpush``: stored).  Steadier
-    than a rate on a machine the generators share, and comparable across servers whatever their threads."""
-    return {"cpu_seconds": round(seconds, 3),
-            "cpu_us_per_msg": round(seconds / delivered * 1e6, 3) if delivered else None}
+    than a rate on a machine the generators share, and comparable across servers whatever their threads.  The
+    generators' CPU the same way: on a machine they share with the server, what a server's clients cost is CPU
+    the server does not get (a protocol that is dear to parse slows its server down from the client's side)."""
+    per = (lambda s: round(s / delivered * 1e6, 3) if delivered else None)
+    return {"cpu_seconds": round(seconds, 3), "cpu_us_per_msg": per(seconds),
+            "gen_cpu_seconds": round(generators, 3), "gen_cpu_us_per_msg": per(generators)}
 
 
 def _ratio(sc: Scenario, row: dict, base: dict) -> float | None:

@@ -52,6 +52,15 @@ def version_of(cmd: list[str]) -> str:
     return m.group(1) if m else "unknown"
 
 
+def process_cpu(pid: int) -> float:
+    """CPU seconds the process has used, its threads' and its reaped children's included (0 once it is gone)."""
+    try:
+        t = psutil.Process(pid).cpu_times()
+    except psutil.Error:   # a process that exited meanwhile
+        return 0.0
+    return t.user + t.system + t.children_user + t.children_system
+
+
 @dataclass
 class Server:
     name: str                                  # "shardbroker", "nats-server", "redis"
@@ -72,14 +81,7 @@ class Server:
     def cpu_seconds(self) -> float:
         """CPU time the server's processes have used so far (user and system, all their threads, and the children
         they have reaped: a worker's journal compactions): what a run cost the server, as a difference."""
-        total = 0.0
-        for pid in self.pids():
-            try:
-                t = psutil.Process(pid).cpu_times()
-            except psutil.Error:   # a process that exited meanwhile
-                continue
-            total += t.user + t.system + t.children_user + t.children_system
-        return total
+        return sum(process_cpu(pid) for pid in self.pids())
 
     def rss(self) -> int:
         total = 0
