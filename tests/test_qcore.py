@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import marshal
 import os
 
 import orjson
@@ -104,7 +105,7 @@ def queues(draw):
 @given(queues(), st.integers(0, 5))
 def test_ack_run_same_on_both_paths(queue, start):
     store, deliveries, leases, leased, batch = queue
-    args = (leases, leased, store, deliveries, batch, start, NOW, {}, [], [], {"ok": True})
+    args = (leases, leased, store, deliveries, batch, start, NOW, {}, [], [], {"ok": True}, ("acked", 0, 0))
     (pure, pure_args), (comp, comp_args) = _both("ack_run", args)
     assert pure == comp
     assert pure_args == comp_args   # every dict and list it touched, alike
@@ -121,7 +122,7 @@ def test_a_whole_batch_acked_in_runs_same_on_both_paths(queue):
         s = copy.deepcopy((leases, leased, store, deliveries, batch))
         fates, done, results, stops, size, i = {}, [], [], [], 0, 0
         while True:
-            i, got = impl.ack_run(*s, i, NOW, fates, done, results, "ACKED")
+            i, got = impl.ack_run(*s, i, NOW, fates, done, results, "ACKED", "FATE")
             size += got
             if i >= len(batch):
                 break
@@ -136,10 +137,10 @@ def test_a_whole_batch_acked_in_runs_same_on_both_paths(queue):
 
 @needs_compiled
 def test_ack_run_refuses_a_negative_start_and_raises_alike_on_a_broken_state():
-    (pure, _), (comp, _) = _both("ack_run", ({}, {}, {}, {}, ["a"], -1, NOW, {}, [], [], None))
+    (pure, _), (comp, _) = _both("ack_run", ({}, {}, {}, {}, ["a"], -1, NOW, {}, [], [], None, None))
     assert pure is comp is ValueError
     # a lease whose message is gone: KeyError on both, as the Python loop would raise it
-    broken = ({"a": (1, 0, NOW + 5, 1, None)}, {1: "a"}, {}, {}, ["a"], 0, NOW, {}, [], [], None)
+    broken = ({"a": (1, 0, NOW + 5, 1, None)}, {1: "a"}, {}, {}, ["a"], 0, NOW, {}, [], [], None, None)
     (pure, _), (comp, _) = _both("ack_run", broken)
     assert pure is comp is KeyError
 
@@ -198,3 +199,54 @@ def test_render_deliveries_refuses_a_render_that_returns_no_bytes():
     with pytest.raises(TypeError):
         compiled.render_deliveries([("i", "r", KIND_RAW, b"x", 1, 0, 0, None, None)], KIND_JSON, lambda m: "text")
     assert compiled.render_deliveries([], KIND_JSON, _message) == b""
+
+
+# -- the journal's records ------------------------------------------------------------------------------------------
+def _typed(value):
+    """``value`` with each container's and scalar's type spelled out: == on it compares types too (True == 1,
+    1 == 1.0, and a tuple is not a list), and NaN compares equal to itself."""
+    if isinstance(value, (list, tuple)):
+        return type(value).__name__, [_typed(v) for v in value]
+    if isinstance(value, dict):
+        return "dict", [(_typed(k), _typed(v)) for k, v in value.items()]
+    if isinstance(value, (set, frozenset)):
+        return type(value).__name__, sorted(map(repr, value))
+    return type(value).__name__, repr(value)
+
+
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 31 - 2, 2 ** 31 + 1),
+                    st.integers(-2 ** 63, 2 ** 63 - 1), st.integers(-2 ** 80, 2 ** 80), st.floats(allow_nan=True),
+                    st.text(max_size=300), st.text(alphabet="ab\ud800\udfff", max_size=5), st.binary(max_size=300),
+                    st.frozensets(st.integers(0, 3), max_size=2))
+records = st.recursive(scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=6), st.lists(inner, max_size=6).map(tuple),
+    st.tuples(scalars, st.integers(255, 257)).map(lambda vn: (vn[0],) * vn[1]),
+    st.dictionaries(st.one_of(st.text(max_size=5), st.integers()), inner, max_size=4)), max_leaves=40)
+
+
+@needs_compiled
+@FUZZ
+@given(records)
+def test_flat_dumps_reads_back_as_marshal_does_on_both_paths(value):
+    held = [value, copy.copy(value)]   # held elsewhere too, as a receipt kept by the leases is: marshal refers back
+    for impl in (purecore, compiled):
+        assert _typed(marshal.loads(impl.flat_dumps(held))) == _typed(held)
+
+
+@needs_compiled
+def test_flat_dumps_writes_marshal_format_4_without_back_references():
+    receipt = "abc"   # held elsewhere too (by this code's constants), as a queue's dicts hold its receipts
+    # marshal.dumps writes the second sight of the receipt as a reference to the first; flat_dumps writes it again
+    assert b"r" + b"\x01\x00\x00\x00" in marshal.dumps([receipt, receipt], 4)
+    assert compiled.flat_dumps([receipt, receipt]) == b"[\x02\x00\x00\x00" + b"z\x03abc" * 2
+    assert compiled.flat_dumps((None, True, False, 7, -1)) == b")\x05NTFi\x07\x00\x00\x00i\xff\xff\xff\xff"
+    # 2**40: three 15-bit digits, least significant first; negative: a negative count
+    assert compiled.flat_dumps(2 ** 40) == b"l\x03\x00\x00\x00" + b"\x00\x00\x00\x00\x00\x04"
+    assert compiled.flat_dumps(-2 ** 40) == b"l\xfd\xff\xff\xff" + b"\x00\x00\x00\x00\x00\x04"
+    assert compiled.flat_dumps(b"\x00x") == b"s\x02\x00\x00\x00\x00x"
+    assert compiled.flat_dumps("é") == b"u\x02\x00\x00\x00\xc3\xa9"
+    assert compiled.flat_dumps({"a": []}) == b"{z\x01a[\x00\x00\x00\x000"
+    # what it leaves to marshal: marshal's own bytes, and marshal's own refusal
+    assert compiled.flat_dumps({1, 2}) == marshal.dumps({1, 2}, 4)
+    with pytest.raises(ValueError):
+        compiled.flat_dumps([object()])

@@ -7,9 +7,9 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
 #include <string.h>
 
-static PyObject *str_acked;   /* "acked": the fate of an acked lease */
 
 static const char b64url[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
 
@@ -226,18 +226,20 @@ static PyObject *pop(PyObject *dict, PyObject *key, PyObject *dflt)
     return value;
 }
 
-/* ack_run(leases, leased, store, deliveries, receipts, start, now, fates, done, results, acked) -> (stop, size) */
+/* ack_run(leases, leased, store, deliveries, receipts, start, now, fates, done, results, acked, fate)
+ *   -> (stop, size) */
 static PyObject *ack_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 11 || !PyDict_Check(args[0]) || !PyDict_Check(args[1]) || !PyDict_Check(args[2])
+    if (nargs != 12 || !PyDict_Check(args[0]) || !PyDict_Check(args[1]) || !PyDict_Check(args[2])
             || !PyDict_Check(args[3]) || !PyDict_Check(args[7]) || !PyList_Check(args[8])
             || !PyList_Check(args[9])) {
         PyErr_SetString(PyExc_TypeError, "ack_run(leases, leased, store, deliveries, receipts, start, now, "
-                                         "fates, done, results, acked)");
+                                         "fates, done, results, acked, fate)");
         return NULL;
     }
     PyObject *leases = args[0], *leased = args[1], *store = args[2], *deliveries = args[3];
     PyObject *now = args[6], *fates = args[7], *done = args[8], *results = args[9], *acked = args[10];
+    PyObject *fate = args[11];
     Py_ssize_t i = PyLong_AsSsize_t(args[5]);
     if (i == -1 && PyErr_Occurred())
         return NULL;
@@ -249,11 +251,6 @@ static PyObject *ack_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     PyObject *receipts = PySequence_Fast(args[4], "receipts must be a sequence");
     if (receipts == NULL)
         return NULL;
-    PyObject *zero = PyLong_FromLong(0);
-    if (zero == NULL) {
-        Py_DECREF(receipts);
-        return NULL;
-    }
     long long size = 0;
     for (; i < PySequence_Fast_GET_SIZE(receipts); i++) {
         PyObject *receipt = PySequence_Fast_GET_ITEM(receipts, i);
@@ -279,14 +276,12 @@ static PyObject *ack_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs
                 break;
             goto fail;
         }
-        PyObject *count = NULL, *fate = NULL, *m = NULL;
+        PyObject *count = NULL, *m = NULL;
         int err = PyDict_DelItem(leases, receipt) < 0 || PyDict_DelItem(leased, seq) < 0
-            || (count = pop(deliveries, seq, zero)) == NULL
-            || (fate = PyTuple_Pack(3, str_acked, seq, count)) == NULL
+            || (count = pop(deliveries, seq, Py_None)) == NULL
             || PyDict_SetItem(fates, receipt, fate) < 0
             || (m = pop(store, seq, NULL)) == NULL;
         Py_XDECREF(count);
-        Py_XDECREF(fate);
         Py_DECREF(seq);
         PyObject *data = err ? NULL : item(m, 3);
         Py_ssize_t len = data == NULL ? -1 : PyObject_Size(data);
@@ -298,11 +293,9 @@ static PyObject *ack_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         Py_DECREF(receipt);
         size += len;
     }
-    Py_DECREF(zero);
     Py_DECREF(receipts);
     return Py_BuildValue("(nL)", i, size);
 fail:
-    Py_DECREF(zero);
     Py_DECREF(receipts);
     return NULL;
 }
@@ -425,6 +418,161 @@ fail:
     return NULL;
 }
 
+/* flat_dumps: marshal's format 4 without its back-references.  marshal.dumps enters every object that something
+ * else also references (a receipt kept as a lease's key, a stored message's data, a sequence number held by a dict)
+ * in a table, so that a second sight of it can be written as a reference; a journal record has no second sights
+ * worth the table, which costs more than all the rest of the writing (each entry is a hash-table insertion and an
+ * allocation).  The format allows leaving them out: marshal.loads reads this as it reads marshal.dumps's own.
+ * The types journal records hold are written here; anything else (a set, a subclass, an int past 64 bits, a str
+ * with a lone surrogate, nesting past FLAT_DEPTH) leaves the whole object to marshal.dumps. */
+#define FLAT_DEPTH 64
+#define FLAT_KEEP (1 << 22)   /* the scratch buffer is kept between calls up to this size */
+
+static PyObject *marshal_dumps;   /* marshal.dumps, for what flat() leaves to it */
+static out_buf scratch;
+
+static int put_byte(out_buf *o, char c)
+{
+    if (o->len < o->cap) {
+        o->buf[o->len++] = c;
+        return 0;
+    }
+    return put(o, &c, 1);
+}
+
+static int put_u32(out_buf *o, char type, uint32_t v)
+{
+    char b[5] = {type, (char)(v & 0xff), (char)((v >> 8) & 0xff), (char)((v >> 16) & 0xff), (char)(v >> 24)};
+    return put(o, b, 5);
+}
+
+/* An int of up to 64 bits: 'i' and 4 bytes where it fits in 32, else 'l', the count of 15-bit digits (negative
+ * for a negative number) and the digits, least significant first (marshal's w_PyLong).  -> 1, 0 too big, -1 */
+static int flat_int(out_buf *o, PyObject *v)
+{
+    int overflow;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow)
+        return 0;
+    if (x == -1 && PyErr_Occurred())
+        return -1;
+    if (x >= INT32_MIN && x <= INT32_MAX)
+        return put_u32(o, 'i', (uint32_t)(int32_t)x) < 0 ? -1 : 1;
+    unsigned long long m = x < 0 ? (unsigned long long)(-(x + 1)) + 1 : (unsigned long long)x;
+    char digits[10];
+    int n = 0;
+    for (; m; m >>= 15, n += 2) {
+        digits[n] = (char)(m & 0xff);
+        digits[n + 1] = (char)((m >> 8) & 0x7f);
+    }
+    int32_t count = x < 0 ? -(n / 2) : n / 2;
+    return put_u32(o, 'l', (uint32_t)count) < 0 || put(o, digits, n) < 0 ? -1 : 1;
+}
+
+/* -> 1 written, 0 a value for marshal.dumps, -1 an error */
+static int flat(out_buf *o, PyObject *v, int depth)
+{
+    if (v == Py_None)
+        return put_byte(o, 'N') < 0 ? -1 : 1;
+    if (v == Py_True)
+        return put_byte(o, 'T') < 0 ? -1 : 1;
+    if (v == Py_False)
+        return put_byte(o, 'F') < 0 ? -1 : 1;
+    if (PyLong_CheckExact(v))
+        return flat_int(o, v);
+    if (PyUnicode_CheckExact(v)) {
+        Py_ssize_t n;
+        const char *s;
+        if (PyUnicode_IS_ASCII(v)) {
+            n = PyUnicode_GET_LENGTH(v);
+            s = (const char *)PyUnicode_1BYTE_DATA(v);
+            if (n < 256) {
+                char head[2] = {'z', (char)n};
+                return put(o, head, 2) < 0 || put(o, s, n) < 0 ? -1 : 1;
+            }
+            if (n > INT32_MAX)
+                return 0;
+            return put_u32(o, 'a', (uint32_t)n) < 0 || put(o, s, n) < 0 ? -1 : 1;
+        }
+        s = PyUnicode_AsUTF8AndSize(v, &n);
+        if (s == NULL) {   /* a lone surrogate: marshal writes it with surrogatepass */
+            PyErr_Clear();
+            return 0;
+        }
+        if (n > INT32_MAX)
+            return 0;
+        return put_u32(o, 'u', (uint32_t)n) < 0 || put(o, s, n) < 0 ? -1 : 1;
+    }
+    if (PyBytes_CheckExact(v)) {
+        Py_ssize_t n = PyBytes_GET_SIZE(v);
+        if (n > INT32_MAX)
+            return 0;
+        return put_u32(o, 's', (uint32_t)n) < 0 || put(o, PyBytes_AS_STRING(v), n) < 0 ? -1 : 1;
+    }
+    if (depth >= FLAT_DEPTH)
+        return 0;
+    if (PyTuple_CheckExact(v) || PyList_CheckExact(v)) {
+        int tuple = PyTuple_CheckExact(v);
+        Py_ssize_t n = tuple ? PyTuple_GET_SIZE(v) : PyList_GET_SIZE(v);
+        int err;
+        if (tuple && n < 256) {
+            char head[2] = {')', (char)n};
+            err = put(o, head, 2);
+        } else if (n > INT32_MAX) {
+            return 0;
+        } else {
+            err = put_u32(o, tuple ? '(' : '[', (uint32_t)n);
+        }
+        if (err < 0)
+            return -1;
+        for (Py_ssize_t i = 0; i < n; i++) {   /* nothing here runs Python code: the list stays as it is */
+            int r = flat(o, tuple ? PyTuple_GET_ITEM(v, i) : PyList_GET_ITEM(v, i), depth + 1);
+            if (r <= 0)
+                return r;
+        }
+        return 1;
+    }
+    if (PyDict_CheckExact(v)) {
+        Py_ssize_t pos = 0;
+        PyObject *key, *value;
+        if (put_byte(o, '{') < 0)
+            return -1;
+        while (PyDict_Next(v, &pos, &key, &value)) {
+            int r = flat(o, key, depth + 1);
+            if (r > 0)
+                r = flat(o, value, depth + 1);
+            if (r <= 0)
+                return r;
+        }
+        return put_byte(o, '0') < 0 ? -1 : 1;
+    }
+    if (PyFloat_CheckExact(v)) {
+        char b[9] = {'g'};
+        if (PyFloat_Pack8(PyFloat_AS_DOUBLE(v), b + 1, 1) < 0)
+            return -1;
+        return put(o, b, 9) < 0 ? -1 : 1;
+    }
+    return 0;
+}
+
+/* flat_dumps(obj) -> bytes */
+static PyObject *flat_dumps(PyObject *self, PyObject *obj)
+{
+    scratch.len = 0;
+    int r = flat(&scratch, obj, 0);
+    PyObject *out = NULL;
+    if (r > 0)
+        out = PyBytes_FromStringAndSize(scratch.buf, scratch.len);
+    else if (r == 0)
+        out = PyObject_CallFunction(marshal_dumps, "Oi", obj, 4);
+    if (scratch.cap > FLAT_KEEP) {   /* one huge record does not pin its size for good */
+        PyMem_Free(scratch.buf);
+        scratch.buf = NULL;
+        scratch.len = scratch.cap = 0;
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"b64url_chunks", (PyCFunction)(void (*)(void))b64url_chunks, METH_FASTCALL,
      "b64url_chunks(raw, width) -> texts: see workers/workqueues/purecore.py"},
@@ -433,16 +581,25 @@ static PyMethodDef methods[] = {
     {"delivered", (PyCFunction)(void (*)(void))delivered, METH_FASTCALL,
      "delivered(store, deliveries, seqs, receipts, ms) -> deliveries: see workers/workqueues/purecore.py"},
     {"ack_run", (PyCFunction)(void (*)(void))ack_run, METH_FASTCALL,
-     "ack_run(leases, leased, store, deliveries, receipts, start, now, fates, done, results, acked) -> (stop, size)"},
+     "ack_run(leases, leased, store, deliveries, receipts, start, now, fates, done, results, acked, fate) "
+     "-> (stop, size)"},
     {"render_deliveries", (PyCFunction)(void (*)(void))render_deliveries, METH_FASTCALL,
      "render_deliveries(messages, kind_json, render) -> bytes: see workers/workqueues/purecore.py"},
+    {"flat_dumps", flat_dumps, METH_O, "flat_dumps(obj) -> bytes: see workers/workqueues/purecore.py"},
     {NULL, NULL, 0, NULL},
 };
 
 static int exec_module(PyObject *module)
 {
-    if (str_acked == NULL && (str_acked = PyUnicode_InternFromString("acked")) == NULL)
-        return -1;
+    if (marshal_dumps == NULL) {
+        PyObject *marshal = PyImport_ImportModule("marshal");
+        if (marshal == NULL)
+            return -1;
+        marshal_dumps = PyObject_GetAttrString(marshal, "dumps");
+        Py_DECREF(marshal);
+        if (marshal_dumps == NULL)
+            return -1;
+    }
     return 0;
 }
 

@@ -16,3 +16,4 @@ grant = _impl.grant
 delivered = _impl.delivered
 ack_run = _impl.ack_run
 render_deliveries = _impl.render_deliveries
+flat_dumps = _impl.flat_dumps

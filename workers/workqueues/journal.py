@@ -6,7 +6,7 @@ Format.  The file is a plain sequence of records, nothing before or between them
     +----------------+----------------+---------------------------------------+
     | N: u32 LE      | crc: u32 LE    | body: N bytes                         |
     +----------------+----------------+---------------------------------------+
-    body = marshal.dumps((queue_name, record), 4)      crc = zlib.crc32(body)
+    body = marshal.dumps((queue_name, record), 4)      crc = zlib.crc32(body)   (marshal's format 4: see below)
 
 A record is the tuple a ``Queue`` applies (``model.Queue.apply``): str, int, bytes, None, list and tuple values.
 A turn's records are written as one body when there are several: ``("", ("batch", [(queue_name, record), ...]))``,
@@ -30,7 +30,10 @@ Why marshal.  It is the fastest (de)serializer in the standard library for exact
 faster than pickle on small tuples, and it round-trips tuples, lists, bytes and ints exactly (JSON does not).
 It is not safe against crafted input, which is fine here: the file lives in the broker's private (0700) runtime
 directory, is created 0600, and is only ever read back by the broker that wrote it; the CRC catches accidental
-damage before ``marshal.loads`` sees a body.  Format version 4 is pinned, and every later Python reads it.
+damage before ``marshal.loads`` sees a body.  Format version 4 is pinned, and every later Python reads it.  The
+records are written by ``core.flat_dumps``: compiled, it writes that format without marshal's back-references,
+whose bookkeeping was most of what encoding a turn's records cost (a receipt or a sequence number that a dict also
+holds is entered in marshal's table of them); ``marshal.loads`` reads both alike.
 
 Torn tail.  A crash in the middle of ``os.write`` (the process killed by the kernel, the machine losing power)
 can leave the last record incomplete, and a disk can return garbage.  ``replay`` yields the records in order and
@@ -69,16 +72,17 @@ import time
 import zlib
 from typing import Callable, Iterable, Iterator
 
+from . import core
+
 log = logging.getLogger("broker.journal")
 
 FSYNC_MODES = ("no", "everysec", "always")
-MARSHAL_VERSION = 4
 
 _HEADER = struct.Struct("<II")       # body length, crc32 of the body
 _HEADER_SIZE = _HEADER.size
 _pack_header = _HEADER.pack
 _unpack_header = _HEADER.unpack_from
-_dumps = marshal.dumps
+_dumps = core.flat_dumps
 _loads = marshal.loads
 _crc32 = zlib.crc32
 _CHUNK = 1 << 20                     # replay reads, rewrite writes, this much at a time
@@ -92,7 +96,7 @@ _OPEN_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
 
 def encode(queue: str, record: tuple) -> bytes:
     """One record as it is on disk: header and body."""
-    body = _dumps((queue, record), MARSHAL_VERSION)
+    body = _dumps((queue, record))
     return _pack_header(len(body), _crc32(body)) + body
 
 
@@ -148,18 +152,18 @@ class Journal:
         if strict:
             if len(pending) == 1:
                 return encode(*pending[0])
-            body = _dumps(("", ("batch", pending)), MARSHAL_VERSION)
+            body = _dumps(("", ("batch", pending)))
             return _pack_header(len(body), _crc32(body)) + body
         try:
             if len(pending) == 1:
                 return encode(*pending[0])
-            body = _dumps(("", ("batch", pending)), MARSHAL_VERSION)
+            body = _dumps(("", ("batch", pending)))
             return _pack_header(len(body), _crc32(body)) + body
         except ValueError:
             good = []
             for queue, record in pending:
                 try:
-                    _dumps(record, MARSHAL_VERSION)
+                    _dumps(record)
                 except ValueError as exc:
                     log.error("journal %s: record %r of queue %r cannot be encoded (%s); left out",
                               self.path, record[:2], queue, exc)

@@ -13,10 +13,16 @@ business (``model``, ``ndjson_ops``); these functions are its inner loops, with 
 - ``render_deliveries``: a ``qrecv`` reply's messages, ``render`` (``ndjson_ops._message``) applied to each and
   joined; the compiled one writes the common case itself (JSON data, not a dead letter) byte for byte as
   ``render`` does.
+- ``flat_dumps``: ``obj`` in marshal's format 4, as the journal stores its records; ``marshal.loads`` gives back
+  an equal object of the same types from both.  The compiled one writes no back-references (it is otherwise
+  marshal's output byte for byte): marshal enters each object held elsewhere too in a table for them, which cost
+  more than the rest of a journal record's writing.  The bytes differ where marshal writes references (or
+  interned strings), so the tests compare what ``marshal.loads`` makes of them.
 """
 
 from __future__ import annotations
 
+import marshal
 from binascii import b2a_base64
 from typing import Callable
 
@@ -64,9 +70,10 @@ def delivered(store: dict, deliveries: dict, seqs, receipts, ms: int) -> list[tu
 
 
 def ack_run(leases: dict, leased: dict, store: dict, deliveries: dict, receipts: list, start: int, now: int,
-            fates: dict, done: list, results: list, acked: object) -> tuple[int, int]:
-    """-> (where it stopped, the acked messages' data bytes).  Each ack: the lease and the message go, the fate
-    ``("acked", seq, deliveries)`` goes into ``fates``, the receipt into ``done``, ``acked`` into ``results``."""
+            fates: dict, done: list, results: list, acked: object, fate: object) -> tuple[int, int]:
+    """-> (where it stopped, the acked messages' data bytes).  Each ack: the lease, the message and its count of
+    deliveries go, ``fate`` goes into ``fates`` under the receipt, the receipt into ``done``, ``acked`` into
+    ``results``."""
     if start < 0:
         raise ValueError("start must not be negative")
     size = 0
@@ -80,7 +87,8 @@ def ack_run(leases: dict, leased: dict, store: dict, deliveries: dict, receipts:
         seq = lease[0]
         del leases[receipt]
         del leased[seq]
-        fates[receipt] = ("acked", seq, deliveries.pop(seq, 0))
+        deliveries.pop(seq, None)
+        fates[receipt] = fate
         size += len(store.pop(seq)[3])
         done.append(receipt)
         results.append(acked)
@@ -90,3 +98,7 @@ def ack_run(leases: dict, leased: dict, store: dict, deliveries: dict, receipts:
 
 def render_deliveries(messages: list, kind_json: int, render: Callable[[tuple], bytes]) -> bytes:
     return b",".join([render(m) for m in messages])
+
+
+def flat_dumps(obj: object) -> bytes:
+    return marshal.dumps(obj, 4)
