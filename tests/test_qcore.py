@@ -105,7 +105,7 @@ def queues(draw):
 @given(queues(), st.integers(0, 5))
 def test_ack_run_same_on_both_paths(queue, start):
     store, deliveries, leases, leased, batch = queue
-    args = (leases, leased, store, deliveries, batch, start, NOW, {}, [], [], {"ok": True}, ("acked", 0, 0))
+    args = (leases, leased, store, deliveries, batch, start, NOW, [], [], {"ok": True})
     (pure, pure_args), (comp, comp_args) = _both("ack_run", args)
     assert pure == comp
     assert pure_args == comp_args   # every dict and list it touched, alike
@@ -120,27 +120,27 @@ def test_a_whole_batch_acked_in_runs_same_on_both_paths(queue):
     states = []
     for impl in (purecore, compiled):
         s = copy.deepcopy((leases, leased, store, deliveries, batch))
-        fates, done, results, stops, size, i = {}, [], [], [], 0, 0
+        done, results, stops, size, i = [], [], [], 0, 0
         while True:
-            i, got = impl.ack_run(*s, i, NOW, fates, done, results, "ACKED", "FATE")
+            i, got = impl.ack_run(*s, i, NOW, done, results, "ACKED")
             size += got
             if i >= len(batch):
                 break
             stops.append(i)
             i += 1
-        states.append((s, fates, done, results, stops, size))
+        states.append((s, done, results, stops, size))
     assert states[0] == states[1]
-    s, fates, done, results, stops, size = states[0]
+    s, done, results, stops, size = states[0]
     assert len(done) == len(set(done)) == len(results)   # a receipt is acked once, however often it is named
     assert not set(done) & set(s[0])                        # and its lease is gone
 
 
 @needs_compiled
 def test_ack_run_refuses_a_negative_start_and_raises_alike_on_a_broken_state():
-    (pure, _), (comp, _) = _both("ack_run", ({}, {}, {}, {}, ["a"], -1, NOW, {}, [], [], None, None))
+    (pure, _), (comp, _) = _both("ack_run", ({}, {}, {}, {}, ["a"], -1, NOW, [], [], None))
     assert pure is comp is ValueError
     # a lease whose message is gone: KeyError on both, as the Python loop would raise it
-    broken = ({"a": (1, 0, NOW + 5, 1, None)}, {1: "a"}, {}, {}, ["a"], 0, NOW, {}, [], [], None, None)
+    broken = ({"a": (1, 0, NOW + 5, 1, None)}, {1: "a"}, {}, {}, ["a"], 0, NOW, [], [], None)
     (pure, _), (comp, _) = _both("ack_run", broken)
     assert pure is comp is KeyError
 

@@ -97,6 +97,38 @@ def test_the_history_takes_a_batch_as_its_entries_one_by_one():
     assert h.pop(36) == "again" and 36 not in h   # gone from both generations
 
 
+def test_the_history_keeps_added_batches_as_entries_in_their_order():
+    h = history.History(limit=100)
+    h[1] = "set"
+    h.add([1, 2, 3], "acked")                # newer than what was set: it wins
+    h.add((3, 4), "again")
+    assert len(h) == 6 and h[1] == "acked" and h[3] == "again" and h.get(4) == "again" and 5 not in h
+    h.add([10, 11], "acked")
+    h[10] = "set later"                      # setting settles what was added before it
+    assert h[10] == "set later" and h[11] == "acked"
+    h.add(list(range(20, 60)), "old")        # 48 entries and 40 more do not fit in half the limit: a new generation
+    h.add(list(range(50, 90)), "new")
+    assert h[55] == "new" and h[45] == "old" and h[10] == "set later"
+    h.add(list(range(100, 150)), "newest")   # and again: the batches of the oldest generation are forgotten
+    assert 45 not in h and 10 not in h and h[85] == "new" and h.get(149) == "newest"
+    assert h.pop(85) == "new" and 85 not in h
+    h.add([7], "x")
+    h.clear()
+    assert len(h) == 0 and 7 not in h and 149 not in h
+
+
+def test_a_batch_of_acks_with_a_repeat_in_it_answers_it_already_acked():
+    q = _queue()
+    now = 1_000 * MS
+    for i in range(3):
+        q.push(0, b"x", 4, now, now, 0)
+    receipts = [d[D_RECEIPT] for d in q.lease(now, 3, 30_000, None)]
+    results = q.ack_many([receipts[0], receipts[1], receipts[0], receipts[2], receipts[1]], now)
+    assert [r.get("already_acked", False) for r in results] == [False, False, True, False, True]
+    assert q.acked == 3 and q.duplicate_acks == 2
+    assert all(q.ack_many([r], now)[0].get("already_acked") for r in receipts)
+
+
 def test_served_long_polls_leave_the_due_heap():
     """A long poll served at once left its deadline (up to 5 minutes away) in the shard's heap of due times:
     one entry per poll, at the poll rate times wait_ms.  Now the heap follows the polls waiting."""

@@ -226,20 +226,17 @@ static PyObject *pop(PyObject *dict, PyObject *key, PyObject *dflt)
     return value;
 }
 
-/* ack_run(leases, leased, store, deliveries, receipts, start, now, fates, done, results, acked, fate)
- *   -> (stop, size) */
+/* ack_run(leases, leased, store, deliveries, receipts, start, now, done, results, acked) -> (stop, size) */
 static PyObject *ack_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 12 || !PyDict_Check(args[0]) || !PyDict_Check(args[1]) || !PyDict_Check(args[2])
-            || !PyDict_Check(args[3]) || !PyDict_Check(args[7]) || !PyList_Check(args[8])
-            || !PyList_Check(args[9])) {
+    if (nargs != 10 || !PyDict_Check(args[0]) || !PyDict_Check(args[1]) || !PyDict_Check(args[2])
+            || !PyDict_Check(args[3]) || !PyList_Check(args[7]) || !PyList_Check(args[8])) {
         PyErr_SetString(PyExc_TypeError, "ack_run(leases, leased, store, deliveries, receipts, start, now, "
-                                         "fates, done, results, acked, fate)");
+                                         "done, results, acked)");
         return NULL;
     }
     PyObject *leases = args[0], *leased = args[1], *store = args[2], *deliveries = args[3];
-    PyObject *now = args[6], *fates = args[7], *done = args[8], *results = args[9], *acked = args[10];
-    PyObject *fate = args[11];
+    PyObject *now = args[6], *done = args[7], *results = args[8], *acked = args[9];
     Py_ssize_t i = PyLong_AsSsize_t(args[5]);
     if (i == -1 && PyErr_Occurred())
         return NULL;
@@ -279,7 +276,6 @@ static PyObject *ack_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         PyObject *count = NULL, *m = NULL;
         int err = PyDict_DelItem(leases, receipt) < 0 || PyDict_DelItem(leased, seq) < 0
             || (count = pop(deliveries, seq, Py_None)) == NULL
-            || PyDict_SetItem(fates, receipt, fate) < 0
             || (m = pop(store, seq, NULL)) == NULL;
         Py_XDECREF(count);
         Py_DECREF(seq);
@@ -581,8 +577,7 @@ static PyMethodDef methods[] = {
     {"delivered", (PyCFunction)(void (*)(void))delivered, METH_FASTCALL,
      "delivered(store, deliveries, seqs, receipts, ms) -> deliveries: see workers/workqueues/purecore.py"},
     {"ack_run", (PyCFunction)(void (*)(void))ack_run, METH_FASTCALL,
-     "ack_run(leases, leased, store, deliveries, receipts, start, now, fates, done, results, acked, fate) "
-     "-> (stop, size)"},
+     "ack_run(leases, leased, store, deliveries, receipts, start, now, done, results, acked) -> (stop, size)"},
     {"render_deliveries", (PyCFunction)(void (*)(void))render_deliveries, METH_FASTCALL,
      "render_deliveries(messages, kind_json, render) -> bytes: see workers/workqueues/purecore.py"},
     {"flat_dumps", flat_dumps, METH_O, "flat_dumps(obj) -> bytes: see workers/workqueues/purecore.py"},

@@ -307,9 +307,9 @@ record_text = _text
 
 _ACKED = {"ok": True}                               # shared: many of them in one reply cost one (marshal's refs)
 _ALREADY_ACKED = {"ok": True, "already_acked": True}
-# An acked receipt's fate (``_recent``), shared: of an ack, only that it was one matters later (a lost lease's
-# fate holds the message's sequence number and deliveries for its ``lease_lost`` reply).  A tuple per ack cost its
-# allocation, and the freeing of a generation of 50,000 of them at once.
+# An acked receipt's fate in ``_recent``, one for all, given to a batch of acks at once (``History.add``): of an
+# ack, only that it was one matters later (a lost lease's fate holds the message's sequence number and deliveries,
+# for its ``lease_lost`` reply).
 _ACKED_FATE = ("acked", 0, 0)
 _PURGED = {"ok": True, "purged": True}
 
@@ -517,17 +517,15 @@ class Queue:
         self.delivered += len(receipts)
         self.redelivered += again
 
-    def _acked(self, receipts) -> None:
+    def _acked(self, receipts: list | tuple) -> None:
         leases, leased, store, deliveries = self.leases, self.leased, self.messages, self.deliveries
-        fates = {}
         size = 0
         for receipt in receipts:
             seq = leases.pop(receipt)[0]
             del leased[seq]
             deliveries.pop(seq, None)
-            fates[receipt] = _ACKED_FATE
             size += len(store.pop(seq)[3])
-        self._recent.update(fates)
+        self._recent.add(receipts, _ACKED_FATE)
         self.bytes -= size
         self.acked += len(receipts)
 
@@ -656,21 +654,20 @@ class Queue:
         """Ack each receipt (text, as the client sent it), in order, and journal those that ended a lease as one
         record (``acks``; applying it is ``_acked``, done here inline).  -> one result per receipt."""
         leases, leased, store, deliveries = self.leases, self.leased, self.messages, self.deliveries
-        fates = {}
         results = []
         done = []
+        remembered = 0   # done[:remembered] are in _recent already
         size = 0
         i = 0
         while True:
             # the live leases named as issued, in one run each (core.ack_run), up to the first receipt that is not
-            i, run_size = core.ack_run(leases, leased, store, deliveries, receipts, i, now, fates, done, results,
-                                       _ACKED, _ACKED_FATE)
+            i, run_size = core.ack_run(leases, leased, store, deliveries, receipts, i, now, done, results, _ACKED)
             size += run_size
             if i == len(receipts):
                 break
-            if fates:   # a repeat in this batch finds its lease gone, like any repeat (and its fate remembered)
-                self._recent.update(fates)
-                fates = {}
+            if len(done) > remembered:   # a repeat in this batch finds its lease gone, like any repeat
+                self._recent.add(done[remembered:], _ACKED_FATE)
+                remembered = len(done)
             receipt = self._ack_other(receipts[i], now)
             i += 1
             if type(receipt) is dict:
@@ -679,12 +676,11 @@ class Queue:
             seq = leases.pop(receipt)[0]   # a live receipt spelled in another (non-canonical) way
             del leased[seq]
             deliveries.pop(seq, None)
-            fates[receipt] = _ACKED_FATE
             size += len(store.pop(seq)[3])
             done.append(receipt)
             results.append(_ACKED)
-        if fates:
-            self._recent.update(fates)
+        if len(done) > remembered:   # the list itself when it is all new (the common case: no copy)
+            self._recent.add(done[remembered:] if remembered else done, _ACKED_FATE)
         if done:
             self.bytes -= size
             self.acked += len(done)

@@ -70,10 +70,9 @@ def delivered(store: dict, deliveries: dict, seqs, receipts, ms: int) -> list[tu
 
 
 def ack_run(leases: dict, leased: dict, store: dict, deliveries: dict, receipts: list, start: int, now: int,
-            fates: dict, done: list, results: list, acked: object, fate: object) -> tuple[int, int]:
+            done: list, results: list, acked: object) -> tuple[int, int]:
     """-> (where it stopped, the acked messages' data bytes).  Each ack: the lease, the message and its count of
-    deliveries go, ``fate`` goes into ``fates`` under the receipt, the receipt into ``done``, ``acked`` into
-    ``results``."""
+    deliveries go, the receipt goes into ``done``, ``acked`` into ``results``."""
     if start < 0:
         raise ValueError("start must not be negative")
     size = 0
@@ -88,7 +87,6 @@ def ack_run(leases: dict, leased: dict, store: dict, deliveries: dict, receipts:
         del leases[receipt]
         del leased[seq]
         deliveries.pop(seq, None)
-        fates[receipt] = fate
         size += len(store.pop(seq)[3])
         done.append(receipt)
         results.append(acked)
