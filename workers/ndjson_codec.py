@@ -28,13 +28,12 @@ def split_lines(tail: bytes, data: bytes, max_line: int) -> tuple[list[bytes | N
     """(complete lines, new tail).  A ``None`` entry ends the list: that line exceeded ``max_line``."""
     if tail:
         data = tail + data
-    end = data.rfind(b"\n")
-    if end < 0:
-        if len(data) > max_line:
+    lines: list[bytes | None] = data.split(b"\n")  # type: ignore[assignment]
+    rest: bytes = lines.pop()   # after the last newline: the start of a line still coming (split copies once)
+    if not lines:
+        if len(rest) > max_line:
             return [None], b""
-        return [], data
-    lines: list[bytes | None] = data[:end].split(b"\n")  # type: ignore[assignment]
-    rest = data[end + 1:]
+        return [], rest
     if len(data) > max_line:
         for i, line in enumerate(lines):
             if len(line) > max_line:  # type: ignore[arg-type]
