@@ -55,7 +55,7 @@ def test_extended_leases_keep_one_live_entry():
 
 def test_the_history_of_receipts_and_tokens_is_bounded_by_count():
     q = _queue()
-    q._recent, q.tokens = history.History(limit=500), history.History(limit=300)
+    q._acks, q.tokens = history.History(limit=500), history.History(limit=300)
     now = 1_000 * MS
     receipts = []
     for i in range(2_000):
@@ -63,7 +63,7 @@ def test_the_history_of_receipts_and_tokens_is_bounded_by_count():
         (d,) = q.lease(now, 1, 30_000, None)
         q.ack_many([d[D_RECEIPT]], now)
         receipts.append(d[D_RECEIPT])
-    assert 250 <= len(q._recent) <= 500 and 150 <= len(q.tokens) <= 300
+    assert 250 <= len(q._acks) <= 500 and 150 <= len(q.tokens) <= 300
     assert q.ack_many([receipts[-1]], now)[0].get("already_acked") is True   # the newest are remembered
     assert (1, 1, 1999) in q.tokens and (1, 1, 0) not in q.tokens
 
@@ -127,6 +127,23 @@ def test_a_batch_of_acks_with_a_repeat_in_it_answers_it_already_acked():
     assert [r.get("already_acked", False) for r in results] == [False, False, True, False, True]
     assert q.acked == 3 and q.duplicate_acks == 2
     assert all(q.ack_many([r], now)[0].get("already_acked") for r in receipts)
+
+
+def test_a_lease_lost_to_its_deadline_leaves_the_acks_history_as_it_was_kept():
+    """The acks' batches become dict entries only when a repeated or unknown receipt looks for them: an expiry,
+    which sets a fate of its own, does not make them (that would turn the acks' saved work into pauses)."""
+    q = _queue()
+    now = 1_000 * MS
+    for i in range(3):
+        q.push(0, b"x", 4, now, now, 0)
+    acked = [d[D_RECEIPT] for d in q.lease(now, 2, 30_000, None)]
+    q.ack_many(acked, now)
+    (lost,) = [d[D_RECEIPT] for d in q.lease(now, 1, 1_000, None)]
+    q.expire(now + 1_000 * MS)
+    assert q._acks._new_batches == [(acked, True)]   # still the ack's own list
+    assert q.ack_many([lost], now + 1_000 * MS)[0]["error"] == "lease_lost"
+    assert q._acks._new_batches                      # a lost lease is answered without looking at the acks
+    assert q.ack_many([acked[0]], now + 1_000 * MS)[0].get("already_acked") is True
 
 
 def test_served_long_polls_leave_the_due_heap():

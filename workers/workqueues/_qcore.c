@@ -10,7 +10,6 @@
 #include <stdint.h>
 #include <string.h>
 
-
 static const char b64url[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
 
 /* b64url_chunks(raw, width) */

@@ -10,9 +10,12 @@ traffic, without a timestamp per entry.
 
 Remembered in batches, looked up rarely: nearly every acked receipt is never named again, so ``add`` keeps a
 batch's keys as the list they came in (one append), and a generation's batches become dict entries only when
-something looks in it.  At 250,000 acks a second, a dict entry per receipt, in a dict of 50,000 that no cache
-holds, cost about a tenth of the owner's time for a receive and ack; a lookup now pays for its generation's
-entries once, which is at most what every ack paid before.
+something looks in it or sets an entry.  At 250,000 acks a second, a dict entry per receipt, in a dict of 50,000
+that no cache holds, cost about a tenth of the owner's time for a receive and ack; a lookup now pays for the
+entries added since the last one, which is at most what those acks paid before, but at once: up to ``limit`` of
+them (~19 ms for 100,000 on the machine of docs/performance.md).  So the acks have a history of their own
+(``model.Queue._acks``), which only a repeated or an unknown receipt looks in; the other fates (a lease lost
+to its deadline, purged) are set one by one in another.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Format.  The file is a plain sequence of records, nothing before or between them
     +----------------+----------------+---------------------------------------+
     | N: u32 LE      | crc: u32 LE    | body: N bytes                         |
     +----------------+----------------+---------------------------------------+
-    body = marshal.dumps((queue_name, record), 4)      crc = zlib.crc32(body)   (marshal's format 4: see below)
+    body = (queue_name, record) in marshal's format 4 (see below)      crc = zlib.crc32(body)
 
 A record is the tuple a ``Queue`` applies (``model.Queue.apply``): str, int, bytes, None, list and tuple values.
 A turn's records are written as one body when there are several: ``("", ("batch", [(queue_name, record), ...]))``,

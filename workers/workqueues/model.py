@@ -307,10 +307,6 @@ record_text = _text
 
 _ACKED = {"ok": True}                               # shared: many of them in one reply cost one (marshal's refs)
 _ALREADY_ACKED = {"ok": True, "already_acked": True}
-# An acked receipt's fate in ``_recent``, one for all, given to a batch of acks at once (``History.add``): of an
-# ack, only that it was one matters later (a lost lease's fate holds the message's sequence number and deliveries,
-# for its ``lease_lost`` reply).
-_ACKED_FATE = ("acked", 0, 0)
 _PURGED = {"ok": True, "purged": True}
 
 
@@ -337,9 +333,12 @@ class Queue:
         self.leased: dict[int, str] = {}             # seq -> the receipt of its lease
         self._deadlines: list[tuple[int, tuple]] = []    # (deadline, receipts); stale entries skipped
         self._deadline_refs = 0                          # receipts named in _deadlines, stale ones included
-        # receipt -> (what became of it, the message's seq, its deliveries then): no message kept, so an acked
-        # message's data is freed at once
+        # receipt -> (what became of its lease other than an ack, the message's seq, its deliveries then): no
+        # message kept, so its data is freed at once
         self._recent = History()   # kept for history.SECONDS, at most history.LIMIT (workers/workqueues/history.py)
+        # acked receipts, a batch of acks at a time (``History.add``), apart from the other fates: an expiry sets
+        # an entry in ``_recent``, which would make a shared history settle the acks' batches each time
+        self._acks = History()
         self.dead: list[tuple[tuple, int, str]] = []   # (message, deliveries, reason) for the shard to push to the DLQ
         self.tokens = History()    # push token -> id(s), as long
         self.next_seq = 1
@@ -525,7 +524,7 @@ class Queue:
             del leased[seq]
             deliveries.pop(seq, None)
             size += len(store.pop(seq)[3])
-        self._recent.add(receipts, _ACKED_FATE)
+        self._acks.add(receipts, True)
         self.bytes -= size
         self.acked += len(receipts)
 
@@ -642,13 +641,13 @@ class Queue:
             self.expire(now)
         fate = self._recent.get(receipt)
         if fate is None:
-            raise QueueError("unknown_receipt")
+            raise QueueError("already_acked" if receipt in self._acks else "unknown_receipt")
         what, seq, deliveries = fate
         if what == "lost":  # with the message's deliveries as they are now (it may have been leased again since)
             self.stale_receipts += 1
             raise QueueError("lease_lost", deliveries=self.deliveries.get(seq, 0)
                              if seq in self.messages else deliveries)
-        raise QueueError("already_acked" if what == "acked" else what)
+        raise QueueError(what)
 
     def ack_many(self, receipts: list, now: int) -> list[dict]:
         """Ack each receipt (text, as the client sent it), in order, and journal those that ended a lease as one
@@ -656,7 +655,7 @@ class Queue:
         leases, leased, store, deliveries = self.leases, self.leased, self.messages, self.deliveries
         results = []
         done = []
-        remembered = 0   # done[:remembered] are in _recent already
+        remembered = 0   # done[:remembered] are in _acks already
         size = 0
         i = 0
         while True:
@@ -666,7 +665,7 @@ class Queue:
             if i == len(receipts):
                 break
             if len(done) > remembered:   # a repeat in this batch finds its lease gone, like any repeat
-                self._recent.add(done[remembered:], _ACKED_FATE)
+                self._acks.add(done[remembered:], True)
                 remembered = len(done)
             receipt = self._ack_other(receipts[i], now)
             i += 1
@@ -680,7 +679,7 @@ class Queue:
             done.append(receipt)
             results.append(_ACKED)
         if len(done) > remembered:   # the list itself when it is all new (the common case: no copy)
-            self._recent.add(done[remembered:] if remembered else done, _ACKED_FATE)
+            self._acks.add(done[remembered:] if remembered else done, True)
         if done:
             self.bytes -= size
             self.acked += len(done)
