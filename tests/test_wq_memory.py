@@ -108,7 +108,8 @@ def test_the_history_keeps_added_batches_as_entries_in_their_order():
     assert h[10] == "set later" and h[11] == "acked"
     h.add(list(range(20, 60)), "old")        # 48 entries and 40 more do not fit in half the limit: a new generation
     h.add(list(range(50, 90)), "new")
-    assert h[55] == "new" and h[45] == "old" and h[10] == "set later"
+    assert h[55] == "new" and h._old_batches   # found in the newer: the older's batches are left as they are
+    assert h[45] == "old" and h[10] == "set later"
     h.add(list(range(100, 150)), "newest")   # and again: the batches of the oldest generation are forgotten
     assert 45 not in h and 10 not in h and h[85] == "new" and h.get(149) == "newest"
     assert h.pop(85) == "new" and 85 not in h

@@ -12,8 +12,9 @@ Remembered in batches, looked up rarely: nearly every acked receipt is never nam
 batch's keys as the list they came in (one append), and a generation's batches become dict entries only when
 something looks in it or sets an entry.  At 250,000 acks a second, a dict entry per receipt, in a dict of 50,000
 that no cache holds, cost about a tenth of the owner's time for a receive and ack; a lookup now pays for the
-entries added since the last one, which is at most what those acks paid before, but at once: up to ``limit`` of
-them (~19 ms for 100,000 on the machine of docs/performance.md).  So the acks have a history of their own
+entries added since the last one, which is at most what those acks paid before, but at once: up to half of
+``limit`` for a receipt the newer generation holds (~9 ms for 50,000 on the machine of docs/performance.md), all of
+it for one it does not.  So the acks have a history of their own
 (``model.Queue._acks``), which only a repeated or an unknown receipt looks in; the other fates (a lease lost
 to its deadline, purged) are set one by one in another.
 """
@@ -46,14 +47,15 @@ class History:
             self._new, self._new_batches, self._new_batched = {}, [], 0
             self._since = self._clock()
 
-    def _settle(self) -> None:
-        """Each generation's batches into its dict, oldest first (a generation's batches are all newer than what
-        its dict holds: whatever sets an entry settles them first)."""
-        for gen, batches in ((self._new, self._new_batches), (self._old, self._old_batches)):
-            for keys, value in batches:
-                gen.update(dict.fromkeys(keys, value))
-            batches.clear()
-        self._new_batched = self._old_batched = 0
+    def _settle_new(self) -> None:
+        """The newer generation's batches into its dict, oldest first (they are all newer than what the dict
+        holds: whatever sets an entry settles them first)."""
+        _settle(self._new, self._new_batches)
+        self._new_batched = 0
+
+    def _settle_old(self) -> None:
+        _settle(self._old, self._old_batches)
+        self._old_batched = 0
 
     # A key set again is not looked for in the older generation: ``get`` looks in the newer first, so the newest
     # value wins all the same, and the stale one goes with its generation.  (Most keys are receipts that just
@@ -61,14 +63,14 @@ class History:
     def __setitem__(self, key, value) -> None:
         self._room(1)
         if self._new_batches:
-            self._settle()
+            self._settle_new()
         self._new[key] = value
 
     def update(self, items: dict) -> None:
         """Many entries at once: one look at the clock, and the dict's own update."""
         self._room(len(items))
         if self._new_batches:
-            self._settle()
+            self._settle_new()
         self._new.update(items)
 
     def add(self, keys: list, value) -> None:
@@ -79,10 +81,14 @@ class History:
         self._new_batched += len(keys)
 
     def get(self, key, default=None):
-        if self._new_batches or self._old_batches:
-            self._settle()
+        """The older generation's batches are settled only when the newer does not hold ``key``: a repeated ack
+        is usually of a recent receipt."""
+        if self._new_batches:
+            self._settle_new()
         value = self._new.get(key, _MISSING)
         if value is _MISSING:
+            if self._old_batches:
+                self._settle_old()
             return self._old.get(key, default)
         return value
 
@@ -96,8 +102,10 @@ class History:
         return self.get(key, _MISSING) is not _MISSING
 
     def pop(self, key, default=None):
-        if self._new_batches or self._old_batches:
-            self._settle()
+        if self._new_batches:
+            self._settle_new()
+        if self._old_batches:
+            self._settle_old()
         value = self._new.pop(key, _MISSING)
         old = self._old.pop(key, _MISSING)
         if value is _MISSING:
@@ -114,3 +122,9 @@ class History:
         self._new_batches: list = []   # (keys, value) that ``add`` kept, not yet in the dict: newer than it
         self._old_batches: list = []
         self._new_batched = self._old_batched = 0   # keys in those batches
+
+
+def _settle(gen: dict, batches: list) -> None:
+    for keys, value in batches:
+        gen.update(dict.fromkeys(keys, value))
+    batches.clear()
