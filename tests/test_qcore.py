@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import gc
 import marshal
 import os
 
@@ -199,6 +200,40 @@ def test_render_deliveries_refuses_a_render_that_returns_no_bytes():
     with pytest.raises(TypeError):
         compiled.render_deliveries([("i", "r", KIND_RAW, b"x", 1, 0, 0, None, None)], KIND_JSON, lambda m: "text")
     assert compiled.render_deliveries([], KIND_JSON, _message) == b""
+
+
+# -- storing a run of pushes -----------------------------------------------------------------------------------------
+@needs_compiled
+@FUZZ
+@given(st.dictionaries(st.integers(0, 30), st.just(("old",)), max_size=5), st.integers(0, 20),
+       st.lists(st.binary(max_size=20), max_size=12), st.booleans(), st.integers(0, 9))
+def test_store_run_same_on_both_paths(store, seq, datas, short, priority):
+    ids = [f"id{i}" for i in range(len(datas) - short)]   # short: one id too few
+    (pure, pure_args), (comp, comp_args) = _both("store_run", (store, seq, ids, KIND_RAW, datas, priority, 17))
+    assert pure == comp   # the data's bytes, or IndexError where the ids ran out
+    assert pure_args == comp_args
+    if pure is not IndexError:
+        assert pure == sum(map(len, datas))
+        assert all(pure_args[0][seq + i] == (seq + i, f"id{i}", KIND_RAW, d, priority, 17, "", "", 0)
+                   for i, d in enumerate(datas))
+    (pure, _), (comp, _) = _both("store_run", ({}, 0, ["a"], KIND_RAW, [7], 0, 0))
+    assert pure is comp is TypeError   # a data without a length
+
+
+@needs_compiled
+def test_the_compiled_loops_leave_new_message_and_lease_tuples_to_no_collector_pass():
+    store = {}
+    compiled.store_run(store, 1, ["a", "b"], KIND_RAW, [b"x", b"yy"], 0, 5)
+    assert not any(gc.is_tracked(m) for m in store.values())
+    holder = tuple([0, 7])           # made at run time: tracked, as a connection's holder is at first
+    leases = {}
+    compiled.grant(leases, {}, {}, [1], ["r1"], 1, 2, 3, holder)
+    assert gc.is_tracked(leases["r1"])   # it holds a tuple the collector has not looked at: left to it
+    gc.collect()
+    compiled.grant(leases, {}, {}, [2], ["r2"], 1, 2, 3, holder)
+    assert not gc.is_tracked(leases["r2"]) and not gc.is_tracked(holder)
+    compiled.grant(leases, {}, {}, [3], ["r3"], 1, 2, 3, [0, 7])   # a list: it could be in a cycle
+    assert gc.is_tracked(leases["r3"])
 
 
 # -- the journal's records ------------------------------------------------------------------------------------------

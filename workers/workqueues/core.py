@@ -17,3 +17,4 @@ delivered = _impl.delivered
 ack_run = _impl.ack_run
 render_deliveries = _impl.render_deliveries
 flat_dumps = _impl.flat_dumps
+store_run = _impl.store_run

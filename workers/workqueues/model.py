@@ -90,17 +90,25 @@ class _Ready:
             self.top = priority
 
     def extend(self, seqs: list[int], priorities: list[int]) -> None:
-        """``add`` each, in one step where they are new pushes of one priority (seqs in increasing order)."""
+        """``add`` each (seqs in increasing order), in one step where they are of one priority."""
         p = priorities[0]
-        fifo = self.fifo[p]
-        if priorities.count(p) != len(priorities) or (fifo and seqs[0] < fifo[-1]):
+        if priorities.count(p) != len(priorities):
             for seq, priority in zip(seqs, priorities):
+                self.add(seq, priority)
+            return
+        self.extend_run(seqs, p)
+
+    def extend_run(self, seqs: list[int] | range, priority: int) -> None:
+        """``add`` each (in increasing order, all of ``priority``), in one step where they are new pushes."""
+        fifo = self.fifo[priority]
+        if fifo and seqs[0] < fifo[-1]:
+            for seq in seqs:
                 self.add(seq, priority)
             return
         fifo.extend(seqs)
         self.count += len(seqs)
-        if p > self.top:
-            self.top = p
+        if priority > self.top:
+            self.top = priority
 
     def pop_many(self, n: int) -> list[int]:
         """The next ``n`` (at most ``count``) in serving order, taken out."""
@@ -384,8 +392,7 @@ class Queue:
             ids = [ids[i:i + ID_CHARS] for i in range(0, len(ids), ID_CHARS)]
             if token is not None:
                 self._token(token, tuple(ids))
-            self._store([(seq + i, ids[i], data_kind, data, priority, wall, "", "", 0)
-                         for i, data in enumerate(datas)], None)
+            self._store_run(seq, ids, data_kind, datas, priority, wall)
         elif kind == "pushes":
             _, token, messages, ready_ats = record
             if token is not None:
@@ -485,6 +492,18 @@ class Queue:
             self.next_seq = seq + 1
         self.bytes += size
         self.pushed += len(messages)
+
+    def _store_run(self, seq: int, ids: list[str], kind: int, datas: list[bytes], priority: int, wall: int) -> None:
+        """New visible messages of one kind and priority, sequence numbers from ``seq`` on (``pushcol``): what
+        ``_store`` would store, made and stored in one compiled loop (``core.store_run``)."""
+        n = len(datas)
+        if not n:
+            return
+        self.bytes += core.store_run(self.messages, seq, ids, kind, datas, priority, wall)
+        self._ready.extend_run(range(seq, seq + n), priority)
+        if seq + n > self.next_seq:
+            self.next_seq = seq + n
+        self.pushed += n
 
     def _make_ready(self, seq: int, ready_at: int) -> None:
         if ready_at:
@@ -608,13 +627,13 @@ class Queue:
         delay: applied here directly, as ``apply`` would, without splitting its ids again).  -> ids."""
         seq = self.next_seq
         ids = new_ids(len(datas))
-        messages = [(seq + i, ids[i], kind, data, priority, wall, "", "", 0) for i, data in enumerate(datas)]
         if delay_ms:
+            messages = [(seq + i, ids[i], kind, data, priority, wall, "", "", 0) for i, data in enumerate(datas)]
             self._do(("pushes", token, messages, [now + delay_ms * MS] * len(datas)))
             return ids
         if token is not None:
             self._token(token, tuple(ids))
-        self._store(messages, None)
+        self._store_run(seq, ids, kind, datas, priority, wall)
         self._journal(self.name, ("pushcol", token, seq, "".join(ids), kind, datas, priority, wall))
         return ids
 

@@ -13,6 +13,10 @@ business (``model``, ``ndjson_ops``); these functions are its inner loops, with 
 - ``render_deliveries``: a ``qrecv`` reply's messages, ``render`` (``ndjson_ops._message``) applied to each and
   joined; the compiled one writes the common case itself (JSON data, not a dead letter) byte for byte as
   ``render`` does.
+- ``store_run``: new messages of one kind, priority and time, with sequence numbers from ``seq`` on, into
+  ``store`` as the model's message tuples.  -> their data's bytes.  The compiled one (and its ``grant``) also
+  untracks each new tuple at once, as the collector would at its next young pass (they hold only atomic values):
+  in a growing queue, those passes walked every new message only to do that.
 - ``flat_dumps``: ``obj`` in marshal's format 4, as the journal stores its records; ``marshal.loads`` gives back
   an equal object of the same types from both.  The compiled one writes no back-references (it is otherwise
   marshal's output byte for byte): marshal enters each object held elsewhere too in a table for them, which cost
@@ -92,6 +96,14 @@ def ack_run(leases: dict, leased: dict, store: dict, deliveries: dict, receipts:
         results.append(acked)
         i += 1
     return i, size
+
+
+def store_run(store: dict, seq: int, ids: list, kind: int, datas: list, priority: int, wall: int) -> int:
+    size = 0
+    for i, data in enumerate(datas):
+        store[seq + i] = (seq + i, ids[i], kind, data, priority, wall, "", "", 0)
+        size += len(data)
+    return size
 
 
 def render_deliveries(messages: list, kind_json: int, render: Callable[[tuple], bytes]) -> bytes:
