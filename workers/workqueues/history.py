@@ -14,9 +14,8 @@ something looks in it or sets an entry.  At 250,000 acks a second, a dict entry 
 that no cache holds, cost about a tenth of the owner's time for a receive and ack; a lookup now pays for the
 entries added since the last one, which is at most what those acks paid before, but at once: up to half of
 ``limit`` for a receipt the newer generation holds (~9 ms for 50,000 on the machine of docs/performance.md), all of
-it for one it does not.  So the acks have a history of their own
-(``model.Queue._acks``), which only a repeated or an unknown receipt looks in; the other fates (a lease lost
-to its deadline, purged) are set one by one in another.
+it for one it does not.  So the acks have a history of their own (``model.Queue._acks``), which only a repeated or
+an unknown receipt looks in; the other fates (a lease lost to its deadline, purged) are set one by one in another.
 """
 
 from __future__ import annotations
