@@ -149,17 +149,11 @@ class Journal:
     def _encode(self, pending: list, strict: bool = False) -> bytes:
         """A turn's records as they go to the file: one record as itself, several as one batch record.  ``strict``:
         an unencodable record raises ValueError (a rewrite must not leave anything out)."""
-        if strict:
-            if len(pending) == 1:
-                return encode(*pending[0])
-            body = _dumps(("", ("batch", pending)))
-            return _pack_header(len(body), _crc32(body)) + body
         try:
-            if len(pending) == 1:
-                return encode(*pending[0])
-            body = _dumps(("", ("batch", pending)))
-            return _pack_header(len(body), _crc32(body)) + body
+            return encode(*pending[0]) if len(pending) == 1 else encode("", ("batch", pending))
         except ValueError:
+            if strict:
+                raise
             good = []
             for queue, record in pending:
                 try:

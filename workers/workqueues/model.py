@@ -625,12 +625,10 @@ class Queue:
                   token: tuple | None = None) -> list[str]:
         """Store a batch of checked data of one kind, priority and delay, in one record (``pushcol`` without a
         delay: applied here directly, as ``apply`` would, without splitting its ids again).  -> ids."""
+        if delay_ms:   # a pushcol has no delays: a delayed batch is a pushes record, as push_many makes it
+            return self.push_many([(kind, data, priority, delay_ms) for data in datas], now, wall, token)
         seq = self.next_seq
         ids = new_ids(len(datas))
-        if delay_ms:
-            messages = [(seq + i, ids[i], kind, data, priority, wall, "", "", 0) for i, data in enumerate(datas)]
-            self._do(("pushes", token, messages, [now + delay_ms * MS] * len(datas)))
-            return ids
         if token is not None:
             self._token(token, tuple(ids))
         self._store_run(seq, ids, kind, datas, priority, wall)
