@@ -164,7 +164,9 @@ def test_grant_and_delivered_same_on_both_paths(queue, seqs, holder):
 
 # -- a qrecv reply's messages --------------------------------------------------------------------------------------
 ids = st.one_of(st.text(alphabet="abcXYZ09-_", min_size=1, max_size=22), st.sampled_from(["é", "\u2603", "a\"b"]))
-numbers = st.one_of(st.integers(0, 20), st.integers(2 ** 62, 2 ** 70), st.integers(-5, -1), st.booleans())
+numbers = st.one_of(st.integers(0, 20), st.integers(2 ** 62, 2 ** 70), st.integers(-5, -1), st.booleans(),
+                    st.integers(-2 ** 63, 2 ** 63 - 1),   # the compiled digits' whole range, its ends included
+                    st.sampled_from([-2 ** 63, -2 ** 63 + 1, 2 ** 63 - 1, 9, 10, 99, 100, -10, 10 ** 18]))
 deliveries_ = st.tuples(ids, ids, st.sampled_from([KIND_JSON, KIND_RAW, 5]),
                         st.sampled_from([b'"text"', b"{}", b"12", b"\xff\x00raw"]), numbers, numbers, numbers,
                         st.sampled_from([None, "", "expired", "max_deliveries"]), st.sampled_from([None, "src.q"]))

@@ -386,11 +386,19 @@ static int put(out_buf *o, const char *s, Py_ssize_t n)
     return 0;
 }
 
+/* Decimal digits by hand: snprintf's format parsing cost more than the rest of a delivery's rendering. */
 static int put_int(out_buf *o, long long v)
 {
     char digits[24];
-    int n = snprintf(digits, sizeof digits, "%lld", v);
-    return put(o, digits, n);
+    char *end = digits + sizeof digits, *p = end;
+    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    do {
+        *--p = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (v < 0)
+        *--p = '-';
+    return put(o, p, end - p);
 }
 
 #define PUT(lit) put(&o, lit, sizeof(lit) - 1)

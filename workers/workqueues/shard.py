@@ -488,27 +488,27 @@ class Shard:
         Pushes from another worker carry tokens, one per push, which a batch record does not keep: they go one by
         one."""
         s = q.settings
-        datas = []
-        kinds = []
-        total = 0
-        for item in items:
-            if type(item) is bytes:
-                data, kind = item, KIND_JSON
-            else:
-                data, kind = item.get("data"), item.get("kind")
-                if len(item) != 2 or data is None or kind is None:
-                    return None
-            size = len(data)
-            if size > s.max_message_bytes:
+        datas, kind = items, KIND_JSON
+        sizes = [len(item) for item in items if type(item) is bytes]
+        if len(sizes) != len(items):   # not all of them JSON data's bytes alone (the common case, checked at once)
+            datas, sizes, kinds = [], [], []
+            for item in items:
+                if type(item) is bytes:
+                    data, kind = item, KIND_JSON
+                else:
+                    data, kind = item.get("data"), item.get("kind")
+                    if len(item) != 2 or data is None or kind is None:
+                        return None
+                datas.append(data)
+                sizes.append(len(data))
+                kinds.append(kind)
+            if kinds.count(kind) != len(kinds):   # one record stores one kind
                 return None
-            total += size
-            datas.append(data)
-            kinds.append(kind)
-        if len(q.messages) + len(datas) > s.max_messages or q.bytes + total > s.max_bytes:
+        total = sum(sizes)
+        if not sizes or max(sizes) > s.max_message_bytes or len(q.messages) + len(datas) > s.max_messages \
+                or q.bytes + total > s.max_bytes:
             return None
-        if kinds.count(kinds[0]) != len(kinds):   # one record stores one kind
-            return None
-        ids = q.push_data(kinds[0], datas, DEFAULT_PRIORITY, 0, *clock)
+        ids = q.push_data(kind, datas, DEFAULT_PRIORITY, 0, *clock)
         if q.name in self.waiters:
             self._wake[q.name] = q
         return {"ok": True, "ids": ids}
