@@ -236,6 +236,22 @@ def test_the_compiled_loops_leave_new_message_and_lease_tuples_to_no_collector_p
     assert not gc.is_tracked(leases["r2"]) and not gc.is_tracked(holder)
     compiled.grant(leases, {}, {}, [3], ["r3"], 1, 2, 3, [0, 7])   # a list: it could be in a cycle
     assert gc.is_tracked(leases["r3"])
+    store = {}
+    compiled.store_put(store, [tuple([1, "a", KIND_RAW, b"x"]), tuple([2, "b", KIND_RAW, b"y", [0]])])
+    assert not gc.is_tracked(store[1]) and gc.is_tracked(store[2])   # a list in it: left to the collector
+
+
+@needs_compiled
+@FUZZ
+@given(st.dictionaries(st.integers(0, 30), st.just(("old",)), max_size=5),
+       st.lists(st.one_of(st.tuples(st.integers(0, 30), st.just("id"), st.just(KIND_RAW), st.binary(max_size=9)),
+                          st.tuples(st.integers(0, 30), st.just("id"), st.just(KIND_RAW), st.integers()),
+                          st.tuples(st.integers(0, 30)), st.lists(st.integers(), min_size=4, max_size=4)),
+                max_size=8))
+def test_store_put_same_on_both_paths(store, messages):
+    (pure, pure_args), (comp, comp_args) = _both("store_put", (store, messages))
+    assert pure == comp   # the data's bytes, or TypeError at a message that is no tuple or has no data's length
+    assert pure_args == comp_args   # what came before the bad one is stored on both
 
 
 # -- the journal's records ------------------------------------------------------------------------------------------

@@ -719,8 +719,8 @@ def test_records_of_older_journals_still_replay(tmp_path):
 
 
 def test_ready_order_matches_a_heap_of_priority_and_seq():
-    """The visible messages' structure (FIFOs per priority, a heap for what comes back out of order) serves in the
-    order of one heap of (-priority, seq), through random adds, batch pops and removals."""
+    """The visible messages' structure (FIFOs of runs per priority, a heap for what comes back out of order) serves
+    in the order of one heap of (-priority, seq), through random adds, runs, batch pops, removals and discards."""
     import heapq
     import random
 
@@ -731,11 +731,20 @@ def test_ready_order_matches_a_heap_of_priority_and_seq():
     seq = 0
     for _ in range(20_000):
         r = rng.random()
-        if r < 0.5:
-            seq += 1
+        if r < 0.4:
+            seq += 1 + (rng.random() < 0.2)   # a gap now and then: a push to another priority
             p = rng.choice((4, 4, 4, 9, 0, rng.randrange(10)))
             ready.add(seq, p)
             heapq.heappush(ref, (-p, seq))
+        elif r < 0.5:   # a batch: consecutive numbers as a range or a list, or a list with gaps
+            p = rng.choice((4, 9, rng.randrange(10)))
+            k = rng.randrange(1, 40)
+            new = list(range(seq + 1, seq + k + 1)) if rng.random() < 0.7 else \
+                sorted(rng.sample(range(seq + 1, seq + 3 * k + 1), k))
+            seq = new[-1]
+            ready.extend_run(range(new[0], seq + 1) if new[-1] - new[0] == k - 1 and rng.random() < 0.5 else new, p)
+            for one in new:
+                heapq.heappush(ref, (-p, one))
         elif r < 0.6 and seq:
             old = rng.randrange(1, seq + 1)      # something coming back (or a double: skipped)
             p = rng.randrange(10)
@@ -743,9 +752,14 @@ def test_ready_order_matches_a_heap_of_priority_and_seq():
                 ready.add(old, p)
                 heapq.heappush(ref, (-p, old))
         elif r < 0.65 and ref:
-            entry = rng.choice(ref)
+            entry = rng.choice(ref) if rng.random() < 0.6 else max(ref, key=lambda e: e[1])   # the newest: undone
             ready.remove(entry[1], -entry[0])
             ref.remove(entry)
+            heapq.heapify(ref)
+        elif r < 0.66 and ref:
+            taken = {s for _, s in rng.sample(ref, rng.randrange(1, min(len(ref), 20) + 1))}
+            ready.discard(taken)
+            ref = [e for e in ref if e[1] not in taken]
             heapq.heapify(ref)
         else:
             n = rng.randrange(1, 50)

@@ -355,6 +355,34 @@ static PyObject *store_run(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return err ? NULL : PyLong_FromLongLong(size);
 }
 
+/* store_put(store, messages) -> size */
+static PyObject *store_put(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyDict_Check(args[0]) || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "store_put(store, messages)");
+        return NULL;
+    }
+    PyObject *store = args[0], *messages = args[1];
+    long long size = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(messages); i++) {
+        PyObject *m = PyList_GET_ITEM(messages, i);
+        if (!PyTuple_Check(m) || PyTuple_GET_SIZE(m) < 4) {
+            PyErr_SetString(PyExc_TypeError, "a message is a tuple (seq, id, kind, data, ...)");
+            return NULL;
+        }
+        Py_INCREF(m);   /* replacing a value in the store may run Python code that empties the list */
+        Py_ssize_t len = PyObject_Size(PyTuple_GET_ITEM(m, 3));
+        if (len >= 0 && PyTuple_CheckExact(m))
+            untrack_if_atomic(m);
+        int err = len < 0 || PyDict_SetItem(store, PyTuple_GET_ITEM(m, 0), m) < 0;
+        Py_DECREF(m);
+        if (err)
+            return NULL;
+        size += len;
+    }
+    return PyLong_FromLongLong(size);
+}
+
 /* A str's UTF-8 when it is ASCII (ids and receipts are base64url): anything else takes the Python render. */
 static const char *ascii(PyObject *s, Py_ssize_t *len)
 {
@@ -649,6 +677,8 @@ static PyMethodDef methods[] = {
      "render_deliveries(messages, kind_json, render) -> bytes: see workers/workqueues/purecore.py"},
     {"store_run", (PyCFunction)(void (*)(void))store_run, METH_FASTCALL,
      "store_run(store, seq, ids, kind, datas, priority, wall) -> size: see workers/workqueues/purecore.py"},
+    {"store_put", (PyCFunction)(void (*)(void))store_put, METH_FASTCALL,
+     "store_put(store, messages) -> size: see workers/workqueues/purecore.py"},
     {"flat_dumps", flat_dumps, METH_O, "flat_dumps(obj) -> bytes: see workers/workqueues/purecore.py"},
     {NULL, NULL, 0, NULL},
 };

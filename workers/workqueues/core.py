@@ -18,3 +18,4 @@ ack_run = _impl.ack_run
 render_deliveries = _impl.render_deliveries
 flat_dumps = _impl.flat_dumps
 store_run = _impl.store_run
+store_put = _impl.store_put

@@ -17,6 +17,10 @@ business (``model``, ``ndjson_ops``); these functions are its inner loops, with 
   ``store`` as the model's message tuples.  -> their data's bytes.  The compiled one (and its ``grant``) also
   untracks each new tuple at once, as the collector would at its next young pass (they hold only atomic values):
   in a growing queue, those passes walked every new message only to do that.
+- ``store_put``: message tuples made elsewhere (a push with options, a batch, replay) into ``store`` by their
+  sequence number.  -> their data's bytes.  The compiled one untracks them as ``store_run`` does.  That matters
+  more than for ``store_run``'s: one tracked tuple put in the store makes the collector track the whole dict
+  again, and its next pass walks every queued message (40 ms with a million queued) before untracking it.
 - ``flat_dumps``: ``obj`` in marshal's format 4, as the journal stores its records; ``marshal.loads`` gives back
   an equal object of the same types from both.  The compiled one writes no back-references (it is otherwise
   marshal's output byte for byte): marshal enters each object held elsewhere too in a table for them, which cost
@@ -103,6 +107,16 @@ def store_run(store: dict, seq: int, ids: list, kind: int, datas: list, priority
     for i, data in enumerate(datas):
         store[seq + i] = (seq + i, ids[i], kind, data, priority, wall, "", "", 0)
         size += len(data)
+    return size
+
+
+def store_put(store: dict, messages: list) -> int:
+    size = 0
+    for m in messages:
+        if not isinstance(m, tuple) or len(m) < 4:
+            raise TypeError("a message is a tuple (seq, id, kind, data, ...)")
+        size += len(m[3])
+        store[m[0]] = m
     return size
 
 
