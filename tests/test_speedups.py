@@ -164,6 +164,32 @@ def test_ndjson_runs_same_on_both_paths(lines):
     assert compiled.ndjson_runs(lines) == purepath.ndjson_runs(lines)
 
 
+# Long enough for the compiled check's eight bytes at a time, with one byte that is not plain put anywhere.
+PLAIN_TEXT = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7e, blacklist_characters='"\\'), max_size=40)
+NOT_PLAIN = [b'"', b"\\", b"\x1f", b"\x7f", b"\x80", b"\xff", b"\x00", b"\xc3\xa9"]
+
+
+def _plain_string(text: str, at: int = 0, bad: bytes = b"") -> bytes:
+    raw = text.encode()
+    at = min(at, len(raw))
+    return b'"' + raw[:at] + bad + raw[at:] + b'"'
+
+
+@needs_compiled
+@FUZZ
+@given(st.lists(st.one_of(st.binary(max_size=12), st.builds(lambda b: b'"' + b + b'"', st.binary(max_size=10)),
+                          st.builds(_plain_string, PLAIN_TEXT), st.builds(_plain_string, PLAIN_TEXT, st.integers(0, 40),
+                                                                         st.sampled_from(NOT_PLAIN)),
+                          st.sampled_from([b'"', b'""', b'"a b~"', b'"\\"', b'"a"b"', b'"\x7f"', b'"\xc3\xa9"'])),
+                max_size=12))
+def test_unplain_same_on_both_paths_and_leaves_only_json_strings_out(datas):
+    left = compiled.unplain(datas)
+    assert left == purepath.unplain(datas)
+    for data in datas:
+        if data not in left:   # JSON as it stands: a string, and the same one read back
+            assert isinstance(json.loads(data), str) and json.dumps(json.loads(data)).encode() == data
+
+
 @needs_compiled
 def test_ndjson_runs_group_consecutive_publishes_to_one_topic():
     a1, a2, b1 = _ndjson_pub(b"a", b"1"), _ndjson_pub(b"a", b"22") + b"\r", _ndjson_pub(b"b", b"3")

@@ -7,6 +7,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
 #include <string.h>
 
 /* A byte of an argument: what bytes.split() does not split on (so a PUB line reads the same here and in the
@@ -319,6 +320,56 @@ static int match_ndjson_pub(const unsigned char *b, Py_ssize_t n, Py_ssize_t *t0
     return i == n;
 }
 
+/* Every byte of b[0:n] plain, eight at a time (the tests of "Bit Twiddling Hacks": a byte below 0x20, a byte
+ * with its high bit set once 1 is added (0x7f and up), a byte equal to '"' or '\\'). */
+#define ONES 0x0101010101010101ULL
+#define HIGHS 0x8080808080808080ULL
+static int all_plain(const unsigned char *b, Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t v, q, e;
+        memcpy(&v, b + i, 8);
+        q = v ^ (ONES * '"');
+        e = v ^ (ONES * '\\');
+        if (((v - ONES * 0x20) & ~v & HIGHS) | ((v | (v + ONES)) & HIGHS) | ((q - ONES) & ~q & HIGHS)
+                | ((e - ONES) & ~e & HIGHS))
+            return 0;
+    }
+    for (; i < n; i++)
+        if (!is_plain(b[i]))
+            return 0;
+    return 1;
+}
+
+/* unplain(datas) -> those of datas (bytes) that are not a JSON string of plain characters (purepath's). */
+static PyObject *unplain(PyObject *module, PyObject *datas)
+{
+    if (!PyList_Check(datas)) {
+        PyErr_SetString(PyExc_TypeError, "datas must be a list");
+        return NULL;
+    }
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(datas); i++) {
+        PyObject *data = PyList_GET_ITEM(datas, i);
+        if (!PyBytes_Check(data)) {
+            PyErr_SetString(PyExc_TypeError, "datas must be bytes");
+            Py_DECREF(out);
+            return NULL;
+        }
+        const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(data);
+        Py_ssize_t n = PyBytes_GET_SIZE(data);
+        int plain = n >= 2 && b[0] == '"' && b[n - 1] == '"' && all_plain(b + 1, n - 2);
+        if (!plain && PyList_Append(out, data) < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
 static const char QPUSH_HEAD[] = "{\"op\":\"qpush\",\"queue\":\"";
 static const char QPUSH_MID[] = "\",\"data\":";
 
@@ -532,6 +583,8 @@ static PyMethodDef methods[] = {
      "msg_tails(payloads, reply) -> list of ' [reply] <size>\\r\\n<payload>\\r\\n': see workers/purepath.py"},
     {"ndjson_runs", (PyCFunction)ndjson_runs, METH_O,
      "ndjson_runs(lines) -> lines with runs of canonical publishes grouped: see workers/purepath.py"},
+    {"unplain", (PyCFunction)unplain, METH_O,
+     "unplain(datas) -> those that are not a JSON string of plain characters: see workers/purepath.py"},
     {"qpush_batch", (PyCFunction)qpush_batch, METH_O,
      "qpush_batch(line) -> the data values' text of a canonical batch push, or None: see workers/purepath.py"},
     {NULL, NULL, 0, NULL},

@@ -98,6 +98,19 @@ def ndjson_runs(lines: list) -> list:
     return out
 
 
+_PLAIN_STRING = re.compile(rb'"' + _PLAIN + rb'*"').fullmatch
+
+
+def unplain(datas: list) -> list:
+    """-> those of ``datas`` (a run's data values' text) that are not a JSON string of plain characters: what is
+    left to check as JSON (a string of printable ASCII without quotes or escapes in it is JSON as it stands)."""
+    if type(datas) is not list:
+        raise TypeError("datas must be a list")
+    if not all(type(data) is bytes for data in datas):
+        raise TypeError("datas must be bytes")
+    return [data for data in datas if not _PLAIN_STRING(data)]
+
+
 # A canonical batch push: this head, then ``{"data":D}`` items, comma-separated, then ``]}``.  A data value is
 # skipped as JSON is written (valid, as orjson accepted the line): a string up to its closing quote, an object or
 # an array up to the bracket that closes it (strings in it skipped whole), anything else up to a comma, a

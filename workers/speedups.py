@@ -35,6 +35,7 @@ scan_pubs = _impl.scan_pubs
 msg_tails = _impl.msg_tails
 ndjson_runs = _impl.ndjson_runs
 qpush_batch = _impl.qpush_batch
+unplain = _impl.unplain
 
 
 def describe() -> str:

@@ -20,7 +20,7 @@ import orjson
 from workers import moves, ndjson_codec as codec
 from workers.connection import TURN_BUDGET, Connection
 from workers.message import KIND_JSON, as_json
-from workers.speedups import qpush_batch
+from workers.speedups import qpush_batch, unplain
 
 from . import core
 from .service import allowed
@@ -208,7 +208,7 @@ def push_run(session: "NdjsonSession", run: tuple) -> None:
     room = max(1, min(len(datas), (TURN_BUDGET - hub.turn_work) // _PUSH_WORK, MAX_BATCH,
                       MAX_PIPELINED - 1 - session.pending_replies))
     try:
-        for data in datas[:room]:
+        for data in unplain(datas[:room]):   # a string of plain characters is JSON as it stands: not parsed
             _loads(data)
     except orjson.JSONDecodeError:
         Connection._run(session, lines)
