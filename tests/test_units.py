@@ -117,6 +117,10 @@ def test_frames_round_trip():
     (b"", b"ok\n" + b"a" * 11 + b"\nnext\n", 10, [b"ok", None], b""),
     (b"", b"ok\n" + b"a" * 11, 10, [b"ok", None], b""),
     (b"", b"a" * 10 + b"\n", 10, [b"a" * 10], b""),
+    (b"ab", b"c", 10, [], b"abc"),                            # a tail and no newline yet
+    (b"a" * 6, b"a" * 5 + b"\nok\n", 10, [None], b""),         # the tail makes the first line too long
+    (b"a" * 6, b"a" * 5, 10, [None], b""),
+    (b"a" * 6, b"a\n" + b"b" * 9, 10, [b"a" * 7], b"b" * 9),
 ])
 def test_ndjson_split_lines(tail, data, max_line, lines, rest):
     assert codec.split_lines(tail, data, max_line) == (lines, rest)

@@ -26,15 +26,18 @@ _LOSSY_FLOAT = float(1 << 63)
 
 def split_lines(tail: bytes, data: bytes, max_line: int) -> tuple[list[bytes | None], bytes]:
     """(complete lines, new tail).  A ``None`` entry ends the list: that line exceeded ``max_line``."""
-    if tail:
-        data = tail + data
     lines: list[bytes | None] = data.split(b"\n")  # type: ignore[assignment]
     rest: bytes = lines.pop()   # after the last newline: the start of a line still coming (split copies once)
+    if tail:   # joined to the line it starts, not to the whole read (a read is up to 256 KiB, a tail a few bytes)
+        if lines:
+            lines[0] = tail + lines[0]  # type: ignore[operator]
+        else:
+            rest = tail + rest
     if not lines:
         if len(rest) > max_line:
             return [None], b""
         return [], rest
-    if len(data) > max_line:
+    if len(tail) + len(data) > max_line:
         for i, line in enumerate(lines):
             if len(line) > max_line:  # type: ignore[arg-type]
                 return lines[:i] + [None], b""
