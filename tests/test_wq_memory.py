@@ -117,6 +117,10 @@ def test_the_history_keeps_added_batches_as_entries_in_their_order():
     h.add(list(range(100, 150)), "newest")   # and again: the batches of the oldest generation are forgotten
     assert 45 not in h and 10 not in h and h[85] == "new" and h.get(149) == "newest"
     assert h.pop(85) == "new" and 85 not in h
+    h.add("aabbcc", "packed", 2)             # keys of two characters each, joined: three entries (a new generation)
+    h.add(["bb"], "listed")
+    assert len(h) == 54 and h["aa"] == "packed" and h["bb"] == "listed" and h.get("cc") == "packed"
+    assert "ab" not in h and "a" not in h
     h.add([7], "x")
     h.clear()
     assert len(h) == 0 and 7 not in h and 149 not in h
@@ -145,7 +149,7 @@ def test_a_lease_lost_to_its_deadline_leaves_the_acks_history_as_it_was_kept():
     q.ack_many(acked, now)
     (lost,) = [d[D_RECEIPT] for d in q.lease(now, 1, 1_000, None)]
     q.expire(now + 1_000 * MS)
-    assert q._acks._new_batches == [(acked, True)]   # still the ack's own list
+    assert q._acks._new_batches == [("".join(acked), True, 22)]   # as the ack kept them: joined
     assert q.ack_many([lost], now + 1_000 * MS)[0]["error"] == "lease_lost"
     assert q._acks._new_batches                      # a lost lease is answered without looking at the acks
     assert q.ack_many([acked[0]], now + 1_000 * MS)[0].get("already_acked") is True

@@ -72,12 +72,15 @@ class History:
             self._settle_new()
         self._new.update(items)
 
-    def add(self, keys: list, value) -> None:
+    def add(self, keys: list | str, value, width: int = 0) -> None:
         """``value`` for each of ``keys``, kept as the list itself until something is looked up: the caller
-        leaves the list as it is from now on."""
-        self._room(len(keys))
-        self._new_batches.append((keys, value))
-        self._new_batched += len(keys)
+        leaves the list as it is from now on.  With ``width``, ``keys`` is one str of keys that long each, joined:
+        one object kept instead of one per key (acked receipts: theirs are freed at once, while the caches still
+        hold them, rather than with their generation)."""
+        n = len(keys) // width if width else len(keys)
+        self._room(n)
+        self._new_batches.append((keys, value, width))
+        self._new_batched += n
 
     def get(self, key, default=None):
         """The older generation's batches are settled only when the newer does not hold ``key``: a repeated ack
@@ -118,12 +121,14 @@ class History:
     def clear(self) -> None:
         self._new: dict = {}
         self._old: dict = {}
-        self._new_batches: list = []   # (keys, value) that ``add`` kept, not yet in the dict: newer than it
+        self._new_batches: list = []   # (keys, value, width) that ``add`` kept, not yet in the dict: newer than it
         self._old_batches: list = []
         self._new_batched = self._old_batched = 0   # keys in those batches
 
 
 def _settle(gen: dict, batches: list) -> None:
-    for keys, value in batches:
+    for keys, value, width in batches:
+        if width:
+            keys = [keys[i:i + width] for i in range(0, len(keys), width)]
         gen.update(dict.fromkeys(keys, value))
     batches.clear()

@@ -325,6 +325,7 @@ def new_receipt() -> str:
 
 
 ID_CHARS = 16   # a message id's length: 12 random bytes, base64url
+RECEIPT_CHARS = 22   # a receipt's canonical text: 16 random bytes, base64url
 
 
 def new_ids(n: int) -> list[str]:
@@ -716,7 +717,7 @@ class Queue:
             if i == len(receipts):
                 break
             if len(done) > remembered:   # a repeat in this batch finds its lease gone, like any repeat
-                self._acks.add(done[remembered:], True)
+                self._remember_acks(done[remembered:])
                 remembered = len(done)
             receipt = self._ack_other(receipts[i], now)
             i += 1
@@ -729,13 +730,22 @@ class Queue:
             size += len(store.pop(seq)[3])
             done.append(receipt)
             results.append(_ACKED)
-        if len(done) > remembered:   # the list itself when it is all new (the common case: no copy)
-            self._acks.add(done[remembered:] if remembered else done, True)
+        if len(done) > remembered:
+            self._remember_acks(done[remembered:] if remembered else done)
         if done:
             self.bytes -= size
             self.acked += len(done)
             self._journal(self.name, ("acks", done))
         return results
+
+    def _remember_acks(self, receipts: list[str]) -> None:
+        """Acked receipts into the acks' history, joined, so that it holds one object for them, not one each.
+        They are the leases' keys, canonical texts of one length; were one not, the length check keeps the list."""
+        packed = "".join(receipts)
+        if len(packed) == RECEIPT_CHARS * len(receipts):
+            self._acks.add(packed, True, RECEIPT_CHARS)
+        else:
+            self._acks.add(receipts, True)
 
     def _ack_other(self, receipt: object, now: int) -> dict | str:
         """An ack whose receipt is not a live lease as sent: what the client is told, or the receipt's canonical
