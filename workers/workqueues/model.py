@@ -220,6 +220,7 @@ class _Ready:
         for fifo, back in zip(self.fifo, self.back):
             yield from itertools.chain.from_iterable(fifo)
             yield from back
+
     def clear(self) -> None:
         for fifo, back in zip(self.fifo, self.back):
             fifo.clear()
