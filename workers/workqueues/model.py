@@ -61,6 +61,14 @@ D_ID, D_RECEIPT, D_KIND, D_DATA, D_DELIVERIES, D_PRIORITY, D_ENQUEUED, D_REASON,
 _LIMBO = -1                      # delay_at of a journal snapshot's leased message until its lease record
 
 
+def _append_run(fifo: collections.deque[range], run: range) -> None:
+    """``run`` (numbers after all of the FIFO's) at the FIFO's end: one run with the last if it continues it."""
+    if fifo and fifo[-1].stop == run.start:
+        fifo[-1] = range(fifo[-1].start, run.stop)
+    else:
+        fifo.append(run)
+
+
 class _Ready:
     """The visible messages' sequence numbers in serving order: priority 9 first, then by sequence number.
 
@@ -87,14 +95,8 @@ class _Ready:
 
     def add(self, seq: int, priority: int) -> None:
         fifo = self.fifo[priority]
-        if not fifo:
-            fifo.append(range(seq, seq + 1))
-        elif seq >= fifo[-1].stop:
-            last = fifo[-1]
-            if seq == last.stop:
-                fifo[-1] = range(last.start, seq + 1)
-            else:
-                fifo.append(range(seq, seq + 1))
+        if not fifo or seq >= fifo[-1].stop:
+            _append_run(fifo, range(seq, seq + 1))
         else:
             heapq.heappush(self.back[priority], seq)
         self.count += 1
@@ -126,10 +128,7 @@ class _Ready:
             for seq in seqs:
                 self.add(seq, priority)
             return
-        if fifo and seqs.start == fifo[-1].stop:
-            fifo[-1] = range(fifo[-1].start, seqs.stop)
-        else:
-            fifo.append(seqs)
+        _append_run(fifo, seqs)
         self.count += len(seqs)
         if priority > self.top:
             self.top = priority
@@ -196,12 +195,8 @@ class _Ready:
             old, fifo = self.fifo[p], collections.deque()
             self.fifo[p] = fifo
             for seq in itertools.chain.from_iterable(old):
-                if seq in taken:
-                    continue
-                if fifo and fifo[-1].stop == seq:
-                    fifo[-1] = range(fifo[-1].start, seq + 1)
-                else:
-                    fifo.append(range(seq, seq + 1))
+                if seq not in taken:
+                    _append_run(fifo, range(seq, seq + 1))
             self.back[p] = [seq for seq in self.back[p] if seq not in taken]
             heapq.heapify(self.back[p])
         self.count = sum(sum(map(len, f)) + len(b) for f, b in zip(self.fifo, self.back))
@@ -579,7 +574,7 @@ class Queue:
             del leased[seq]
             deliveries.pop(seq, None)
             size += len(store.pop(seq)[3])
-        self._acks.add(receipts, True)
+        self._remember_acks(receipts)
         self.bytes -= size
         self.acked += len(receipts)
 
@@ -739,7 +734,7 @@ class Queue:
             self._journal(self.name, ("acks", done))
         return results
 
-    def _remember_acks(self, receipts: list[str]) -> None:
+    def _remember_acks(self, receipts: list[str] | tuple[str, ...]) -> None:
         """Acked receipts into the acks' history, joined, so that it holds one object for them, not one each.
         They are the leases' keys, canonical texts of one length; were one not, the length check keeps the list."""
         packed = "".join(receipts)
