@@ -7,6 +7,7 @@ items as the real one does (``router.frames``), and transports that accept every
     .venv/bin/python scripts/queue_hotpath.py --batch 100     # pushes as batch requests of 100 messages
     .venv/bin/python scripts/queue_hotpath.py --profile       # cProfile of each phase (slower; look at ratios)
     .venv/bin/python scripts/queue_hotpath.py --no-journal    # queues.journal false
+    .venv/bin/python scripts/queue_hotpath.py --local         # the consumer on the owner, as the bench has it
     .venv/bin/python scripts/queue_hotpath.py --gc off        # the collector off (or: freeze)
     .venv/bin/python scripts/queue_hotpath.py --gc-threshold 700   # the collector's first threshold
 
@@ -14,8 +15,10 @@ Phases, as in ``brokerctl bench``: the producer's connection is on the queue's o
 the other worker (1).  ``push``: pipelined pushes, a read of 64 KiB at a time, then the end of the turn (journal
 commit, replies); µs per push on the owner.  ``recv+ack``: the consumer receives up to ``--max`` and acks each
 batch with one request sent together with the next receive; µs per message on the owner and on the consumer's
-worker separately.  A profiling aid (what a change to the queues' hot path should move), not a benchmark of the
-broker: throughput on real sockets is ``brokerctl bench -s qpush,qwork1,qdrain1``.
+worker separately (``--local``: both are the owner, and the split is the requests' handling, from parsing to
+rendering, against the end of the turn: the journal's write and the replies).  A profiling aid (what a change
+to the queues' hot path should move), not a benchmark of the broker: throughput on real sockets is ``brokerctl
+bench -s qpush,qwork1,qdrain1``.
 """
 
 from __future__ import annotations
@@ -122,7 +125,7 @@ class Clock:
 
 async def run(opts) -> None:
     tmp = tempfile.mkdtemp(prefix="queue-hotpath-")
-    # the consumer stays a worker away (what this measures), not moved to the owner (workers/moves.py)
+    # the consumer stays a worker away, not moved to the owner (workers/moves.py), unless --local puts it there
     raw = {"queues": {"journal": not opts.no_journal, "move_connections": False}}
     cfg_path = os.path.join(tmp, "config.json")
     with open(cfg_path, "w") as fh:
@@ -138,7 +141,7 @@ async def run(opts) -> None:
     queue = queue_owned_by(0, 2)
     producer = NdjsonSession(owner, 1)
     producer.connection_made(Transport())
-    consumer = NdjsonSession(other, 2)
+    consumer = NdjsonSession(owner if opts.local else other, 2)
     consumer.connection_made(Transport())
 
     def pump() -> None:
@@ -249,6 +252,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1, help="messages per push request (1: single pushes)")
     parser.add_argument("--max", type=int, default=100, help="messages per receive")
     parser.add_argument("--no-journal", action="store_true")
+    parser.add_argument("--local", action="store_true", help="the consumer's connection on the owner, as the bench "
+                        "has it once the connection has moved there (workers/moves.py)")
     parser.add_argument("--gc", choices=["on", "off", "freeze"], default="on")
     parser.add_argument("--gc-threshold", type=int, default=0, help="the collector's first threshold (default: "
                         "what the broker's workers set)")

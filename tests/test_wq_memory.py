@@ -89,15 +89,16 @@ def test_the_history_forgets_by_time_and_keeps_each_entry_its_time():
     assert h.pop(older) == "again" and older not in h and len(h) == n - 1
 
 
-def test_the_history_takes_a_batch_as_its_entries_one_by_one():
+def test_the_newest_value_shadows_the_older_generations():
     h = history.History(limit=100)
-    h.update({i: i for i in range(40)})
-    h.update({i: -i for i in range(30, 70)})   # 40 more would not fit in half the limit: a new generation
-    assert len(h) == 80 and h[35] == -35 and h[10] == 10   # the newest value shadows the older generation's
+    for i in range(40):
+        h[i] = i
+    h.add(list(range(30, 70)), "batch")          # 40 more would not fit in half the limit: a new generation
+    assert len(h) == 80 and h[35] == "batch" and h[10] == 10   # the newest value shadows the older generation's
     h[36] = "again"
-    assert h[36] == "again" and h.get(37) == -37 and 36 in h
-    h.update({i: i for i in range(100, 150)})  # and again: the first batch's survivors are forgotten
-    assert 10 not in h and h[35] == -35 and h[36] == "again" and len(h) == 90
+    assert h[36] == "again" and h.get(37) == "batch" and 36 in h
+    h.add(list(range(100, 150)), "later")        # and again: the first generation is forgotten
+    assert 10 not in h and h[35] == "batch" and h[36] == "again" and len(h) == 90
     assert h.pop(36) == "again" and 36 not in h   # gone from both generations
 
 

@@ -65,13 +65,6 @@ class History:
             self._settle_new()
         self._new[key] = value
 
-    def update(self, items: dict) -> None:
-        """Many entries at once: one look at the clock, and the dict's own update."""
-        self._room(len(items))
-        if self._new_batches:
-            self._settle_new()
-        self._new.update(items)
-
     def add(self, keys: list | str, value, width: int = 0) -> None:
         """``value`` for each of ``keys``, kept as the list itself until something is looked up: the caller
         leaves the list as it is from now on.  With ``width``, ``keys`` is one str of keys that long each, joined:
