@@ -184,7 +184,7 @@ static PyObject *delivered(PyObject *self, PyObject *const *args, Py_ssize_t nar
     Py_ssize_t n = pairs(args[2], args[3], &seqs, &receipts);
     if (n < 0)
         return NULL;
-    PyObject *out = PyList_New(0);
+    PyObject *out = PyList_New(n), *wall = NULL, *enqueued = NULL;
     if (out == NULL)
         goto fail;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -197,23 +197,25 @@ static PyObject *delivered(PyObject *self, PyObject *const *args, Py_ssize_t nar
         int ok = count != NULL;
         for (int k = 1; ok && k <= 7; k++)
             ok = (f[k] = item(m, k)) != NULL;
-        PyObject *enqueued = ok ? PyNumber_FloorDivide(f[5], ms) : NULL;
-        PyObject *d = enqueued == NULL ? NULL : PyTuple_Pack(9, f[1], PySequence_Fast_GET_ITEM(receipts, i), f[2],
-                                                             f[3], count, f[4], enqueued, f[6], f[7]);
-        Py_XDECREF(enqueued);
+        if (ok && f[5] != wall) {   /* a run pushed together shares its wall clock's int: one division for it */
+            Py_XSETREF(enqueued, PyNumber_FloorDivide(f[5], ms));
+            wall = enqueued == NULL ? NULL : f[5];
+            ok = enqueued != NULL;
+        }
+        PyObject *d = ok ? PyTuple_Pack(9, f[1], PySequence_Fast_GET_ITEM(receipts, i), f[2], f[3], count, f[4],
+                                        enqueued, f[6], f[7]) : NULL;
         Py_XDECREF(count);
         Py_DECREF(m);
         if (d == NULL)
             goto fail;
-        int err = PyList_Append(out, d);
-        Py_DECREF(d);
-        if (err < 0)
-            goto fail;
+        PyList_SET_ITEM(out, i, d);
     }
+    Py_XDECREF(enqueued);
     Py_DECREF(seqs);
     Py_DECREF(receipts);
     return out;
 fail:
+    Py_XDECREF(enqueued);
     Py_XDECREF(out);
     Py_DECREF(seqs);
     Py_DECREF(receipts);
