@@ -199,7 +199,8 @@ static PyObject *delivered(PyObject *self, PyObject *const *args, Py_ssize_t nar
             ok = (f[k] = item(m, k)) != NULL;
         if (ok && f[5] != wall) {   /* a run pushed together shares its wall clock's int: one division for it */
             Py_XSETREF(enqueued, PyNumber_FloorDivide(f[5], ms));
-            wall = enqueued == NULL ? NULL : f[5];
+            /* held, so that no other object can take its address while it is compared against */
+            Py_XSETREF(wall, enqueued == NULL ? NULL : Py_NewRef(f[5]));
             ok = enqueued != NULL;
         }
         PyObject *d = ok ? PyTuple_Pack(9, f[1], PySequence_Fast_GET_ITEM(receipts, i), f[2], f[3], count, f[4],
@@ -211,11 +212,13 @@ static PyObject *delivered(PyObject *self, PyObject *const *args, Py_ssize_t nar
         PyList_SET_ITEM(out, i, d);
     }
     Py_XDECREF(enqueued);
+    Py_XDECREF(wall);
     Py_DECREF(seqs);
     Py_DECREF(receipts);
     return out;
 fail:
     Py_XDECREF(enqueued);
+    Py_XDECREF(wall);
     Py_XDECREF(out);
     Py_DECREF(seqs);
     Py_DECREF(receipts);
