@@ -106,14 +106,13 @@ class Broker:
         return out
 
     def worker_pids(self) -> list[int]:
-        """Live worker processes (their command line says ``broker-worker <index>``: cluster/launch.py), not a
-        worker's own child (a journal's compaction, which shares its command line)."""
+        """Live worker processes (their command line says ``broker-worker <index>``: cluster/launch.py)."""
         out = []
         for p in self.group():
             try:
-                if "broker-worker" in p.cmdline() and "broker-worker" not in p.parent().cmdline():
+                if "broker-worker" in p.cmdline():
                     out.append(p.pid)
-            except (psutil.Error, AttributeError):   # gone, or reparented to nothing we may see
+            except psutil.Error:   # gone
                 pass
         return out
 

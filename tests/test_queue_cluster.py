@@ -114,8 +114,8 @@ def test_kill_9_of_the_owner_loses_nothing_acknowledged(start_broker):
     assert "replayed" in broker.log(), broker.log()[-2000:]
 
 
-def test_compaction_in_the_background_keeps_what_came_meanwhile_through_a_kill_9(start_broker):
-    """The journal compacts in a forked child while pushes go on (workers/workqueues/journal.py); the pushes
+def test_compaction_while_serving_keeps_what_came_meanwhile_through_a_kill_9(start_broker):
+    """The journal compacts a batch per turn while pushes go on (workers/workqueues/journal.py); the pushes
     acknowledged meanwhile are in the compacted journal: a kill -9 right after loses none of them."""
     broker = start_broker(workers=2, config={"queues": {"move_connections": False}})
     queue = next(q for q in (f"compact.{i}" for i in range(100)) if zlib.crc32(q.encode()) % 2 == 1)
@@ -138,7 +138,7 @@ def test_compaction_in_the_background_keeps_what_came_meanwhile_through_a_kill_9
                                            "receipts": [m["receipt"] for m in reply["messages"]]})
             assert all(r["ok"] for r in acks["results"]), acks
         assert os.path.getsize(journal) > 64 << 20
-        stored: list[int] = []   # pushed while the child wrote and after it, until 200 after its file took over
+        stored: list[int] = []   # pushed while the rewrite went on and after it, until 200 after it took over
         done_at = None
         deadline = time.monotonic() + 20
         while done_at is None or len(stored) < done_at + 200:
@@ -171,7 +171,7 @@ def test_compaction_in_the_background_keeps_what_came_meanwhile_through_a_kill_9
     assert compacted < 16 << 20                       # the dead 70 MB are gone
     assert sorted(received) == stored                 # every acknowledged push once, nothing else
     assert "replayed" in broker.log()
-    # the replacement compacts what it replayed in the background too, and leaves no file of it behind
+    # the replacement compacts what it replayed while serving too, and leaves no file of it behind
     deadline = time.monotonic() + 10
     while not _compactions(broker, 1):
         assert time.monotonic() < deadline, "the replacement did not compact what it replayed"

@@ -2,12 +2,12 @@
 
 import errno
 import glob
+import itertools
 import logging
 import marshal
 import os
 import stat
 import struct
-import time
 import zlib
 
 import pytest
@@ -255,7 +255,7 @@ def test_rewrite_replaces_contents_and_appending_continues(tmp_path):
     j.commit()
     before = j.size
     live = RECORDS[:2]
-    j.rewrite(iter(live))
+    j.rewrite(iter([live]))
     assert not os.path.exists(str(path) + ".tmp")
     assert j.size == os.path.getsize(path) < before
     assert list(j.replay()) == live
@@ -282,7 +282,7 @@ def test_rewrite_large_in_chunks(tmp_path):
     path = tmp_path / "j"
     j = Journal(str(path))
     records = [("q%d" % (i % 3), ("push", i, str(i), b"x" * 1000, 0, i, 0, 0, "", "", 0)) for i in range(3000)]
-    j.rewrite(records)
+    j.rewrite(records[i:i + 1024] for i in range(0, len(records), 1024))
     j.close()
     assert replay(path) == records
 
@@ -295,14 +295,14 @@ def test_failed_rewrite_keeps_the_old_journal(tmp_path):
     j.commit()
 
     def broken():
-        yield RECORDS[0]
+        yield RECORDS[:1]
         raise RuntimeError("snapshot failed")
 
     with pytest.raises(RuntimeError):
         j.rewrite(broken())
     assert not os.path.exists(str(path) + ".tmp")
     with pytest.raises(ValueError):
-        j.rewrite([("q", ("push", object()))])   # marshal cannot encode it
+        j.rewrite([[("q", ("push", object()))]])   # marshal cannot encode it
     assert list(j.replay()) == RECORDS
     j.append(*RECORDS[0])
     j.close()
@@ -313,7 +313,7 @@ def test_rewrite_refuses_uncommitted_records(tmp_path):
     j = Journal(str(tmp_path / "j"))
     j.append(*RECORDS[0])
     with pytest.raises(AssertionError):
-        j.rewrite(RECORDS)
+        j.rewrite([RECORDS])
     j.close()
 
 
@@ -321,17 +321,17 @@ def test_rewrite_over_a_stale_tmp(tmp_path):
     path = tmp_path / "j"
     (tmp_path / "j.tmp").write_bytes(b"left over by a crash during compaction")
     j = Journal(str(path))
-    j.rewrite(RECORDS[:2])
+    j.rewrite([RECORDS[:2]])
     j.close()
     assert replay(path) == RECORDS[:2]
 
 
-# -- compaction in the background ----------------------------------------------------------------------------------
-def _finish(j, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not j.finish_rewrite():
-        assert time.monotonic() < deadline, "the rewrite's child did not finish"
-        time.sleep(0.01)
+# -- compaction while serving -------------------------------------------------------------------------------------
+def _finish(j):
+    """Write the rewrite's batches, then put it in place (what the shard does a step per turn)."""
+    while not j.rewrite_step():
+        pass
+    assert j.finish_rewrite()
 
 
 def _committed(path, records=RECORDS):
@@ -343,100 +343,64 @@ def _committed(path, records=RECORDS):
     return j
 
 
-def test_background_rewrite_keeps_what_was_appended_while_it_ran(tmp_path):
+def test_a_rewrite_while_serving_keeps_what_was_appended_while_it_ran(tmp_path):
     path = tmp_path / "j"
     j = _committed(path)
     before = j.size
     live = RECORDS[:2]
-    gate = tmp_path / "go"
-
-    def snapshot():   # the child's: it waits, so that the owner's appends land while it runs
-        while not gate.exists():
-            time.sleep(0.005)
-        yield from live
-
-    j.start_rewrite(snapshot)
-    assert j.rewriting and not j.finish_rewrite()          # still writing
+    j.start_rewrite([live[:1], [], live[1:]])
+    assert j.rewriting and not j.rewrite_written and not j.finish_rewrite()
+    assert not j.rewrite_step()                            # one batch written
     j.append(*RECORDS[2])
     j.commit()
+    assert not j.rewrite_step() and not j.rewrite_step()   # the empty batch, the last one
+    assert j.rewrite_step() and j.rewrite_written          # nothing left
     j.append(*RECORDS[3])
     assert not j.finish_rewrite() and j.rewriting          # not with records buffered
     j.commit()
-    gate.touch()
-    _finish(j)
+    assert j.finish_rewrite()
     assert not j.rewriting and glob.glob(str(path) + ".rewrite-*") == []
     assert j.size == os.path.getsize(path) < before + 1000
-    assert replay(path) == live + RECORDS[2:4]             # the state at the fork, then what came after
+    assert replay(path) == live + RECORDS[2:4]             # the state at the start, then what came after
     j.append(*RECORDS[4])
     j.close()
     assert replay(path) == live + RECORDS[2:5]
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
 
 
-def test_the_rewrite_child_holds_none_of_the_workers_descriptors(tmp_path):
-    """A connection the worker closes while the child writes must close then: the child keeps no copy of it."""
-    j = _committed(tmp_path / "j")
-    read_end, write_end = os.pipe()
-    gate = tmp_path / "go"
-
-    def snapshot():
-        while not gate.exists():
-            time.sleep(0.005)
-        yield RECORDS[0]
-
-    j.start_rewrite(snapshot)
-    try:
-        os.close(write_end)                  # the worker's close: the reader sees the end at once
-        os.set_blocking(read_end, False)
-        deadline = time.monotonic() + 5
-        while True:
-            try:
-                assert os.read(read_end, 1) == b""
-                break
-            except BlockingIOError:          # a copy of the write end is still open somewhere
-                assert time.monotonic() < deadline, "the child kept the worker's descriptor open"
-                time.sleep(0.01)
-    finally:
-        os.close(read_end)
-        gate.touch()
-    _finish(j)
-    j.close()
-
-
-def test_a_failed_background_rewrite_keeps_the_old_journal(tmp_path):
+def test_a_failed_rewrite_while_serving_keeps_the_old_journal(tmp_path):
     path = tmp_path / "j"
     j = _committed(path)
 
     def full_disk():
-        yield RECORDS[0]
+        yield RECORDS[:1]
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    j.start_rewrite(full_disk)
+    j.start_rewrite(full_disk())
+    assert not j.rewrite_step()
     with pytest.raises(OSError) as failed:
-        _finish(j)
+        j.rewrite_step()
     assert failed.value.errno == errno.ENOSPC
+    assert not j.rewriting and glob.glob(str(path) + ".rewrite-*") == []
+    j.start_rewrite([[("q", ("push", object()))]])         # marshal cannot encode it
+    with pytest.raises(ValueError):
+        j.rewrite_step()
     assert not j.rewriting and glob.glob(str(path) + ".rewrite-*") == []
     j.append(*RECORDS[0])
     j.close()
     assert replay(path) == RECORDS + RECORDS[:1]
 
 
-def test_close_stops_a_background_rewrite_and_a_new_journal_clears_a_stale_one(tmp_path):
+def test_close_stops_a_rewrite_and_a_new_journal_clears_a_stale_one(tmp_path):
     path = tmp_path / "j"
     j = _committed(path, RECORDS[:1])
-
-    def forever():
-        while True:
-            time.sleep(0.01)
-            yield RECORDS[1]
-
-    j.start_rewrite(forever)
-    pid = j._rewriting[0]
+    j.start_rewrite(itertools.repeat(RECORDS[1:2]))
+    for _ in range(3):
+        assert not j.rewrite_step()
+    assert glob.glob(str(path) + ".rewrite-*")
     j.close()
     assert glob.glob(str(path) + ".rewrite-*") == []
-    with pytest.raises(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)                        # killed and reaped
-    (tmp_path / "j.rewrite-12345").write_bytes(b"left by a worker killed while its child wrote")
+    (tmp_path / "j.rewrite-12345").write_bytes(b"left by a worker killed while it rewrote its journal")
     assert replay(path) == RECORDS[:1]
     assert glob.glob(str(path) + ".rewrite-*") == []
 
@@ -449,7 +413,7 @@ def test_path_none_is_off(tmp_path):
     j.commit()
     j.tick()
     assert list(j.replay()) == []
-    j.rewrite(RECORDS)
+    j.rewrite([RECORDS])
     assert j.size == 0
     j.close()
     j.close()
@@ -683,6 +647,65 @@ def test_batch_records_replay_to_the_same_queue(tmp_path):
     asyncio.run(run())
 
 
+def test_a_snapshot_rebuilds_the_queue_as_it_was_when_taken(tmp_path, monkeypatch):
+    """A compaction while serving writes its batches over many turns: they rebuild the queue as it was when the
+    snapshot was taken, whatever it did meanwhile.  Visible messages never leased are ``pushes`` records, the others
+    one record each; a batch holds ``SNAPSHOT_RUN`` messages or about ``SNAPSHOT_BYTES`` of their data."""
+    import asyncio
+    import time
+
+    from workers.workqueues import model
+    from workers.workqueues.shard import Shard
+
+    monkeypatch.setattr(model, "SNAPSHOT_RUN", 7)
+    monkeypatch.setattr(model, "SNAPSHOT_BYTES", 300)
+
+    async def run():
+        shard = Shard(0, Settings(), Journal(str(tmp_path / "q.journal")), lambda: None, 256)
+        shard.replay()
+        q = shard.queue("jobs")
+        now, wall = time.monotonic_ns(), time.time_ns()
+        q.push_data(0, [b"p%d" % i for i in range(40)], 4, 0, now, wall)
+        q.push(0, b"x" * 250, 9, now, wall, 0)
+        q.push(0, b"y" * 400, 2, now, wall, 0)
+        q.push_data(0, [b"z" * 200] * 5, 5, 0, now, wall)
+        q.push_data(0, [b"q%d" % i for i in range(20)], 6, 0, now, wall)
+        q.push_many([(0, b"d%d" % i, 3, 60_000 if i % 2 else 0) for i in range(10)], now, wall)
+        got = q.lease(now, 3, 30_000, None)                   # x, then two of priority 6
+        q.nack(got[1][D_RECEIPT], now, 0)                     # visible again, with a delivery
+        q.push(0, b"last", 4, now, wall, 0)
+        shard.journal.commit()
+        taken = _state(q, counters=False)
+        batches = q.snapshot()
+        snapshot = shard._snapshot()
+        store = q.messages   # out of order (no store is: a guard), a batch of 1..7 without 2 is not range(1, 8)
+        q.messages = {seq: store[seq] for seq in [1, 9, 3, 4, 5, 6, 7, 2, 8] + sorted(set(store) - set(range(10)))}
+        reordered = shard._snapshot()
+        q.messages = store
+        # meanwhile: acks, receives, pushes
+        q.ack_many([got[0][D_RECEIPT], got[2][D_RECEIPT]], now)
+        q.lease(now, 30, 30_000, None)
+        q.push_data(0, [b"r%d" % i for i in range(9)], 4, 0, now, wall)
+        shard.journal.commit()
+        batches = list(batches)
+        for batch in batches:
+            pushed = sum(len(r[2]) if r[0] == "pushes" else r[0] == "push" for r in batch)
+            assert 1 <= pushed <= 7
+            data = [m[DATA] for r in batch for m in (r[2] if r[0] == "pushes" else [r[1:]] if r[0] == "push" else [])]
+            assert sum(map(len, data)) - len(data[-1]) <= 300       # the message that crossed the bound ends it
+        kinds = {r[0] for batch in batches for r in batch}
+        assert kinds == {"pushes", "push", "lease"}
+        for name, batches in (("snapshot", snapshot), ("reordered", reordered)):
+            rewritten = Journal(str(tmp_path / name))
+            rewritten.rewrite(batches)
+            rewritten.close()
+            fresh = Shard(0, Settings(), Journal(str(tmp_path / name)), lambda: None, 256)
+            fresh.replay()
+            assert _state(fresh.queue("jobs"), counters=False) == taken, name
+
+    asyncio.run(run())
+
+
 def test_records_of_older_journals_still_replay(tmp_path):
     """Journals written before receipts were kept as text (16-byte receipts in ``lease``, ``ack``, ``deadline``,
     ``requeue``) replay into the same queue."""
@@ -806,7 +829,7 @@ def test_a_rewrite_fsyncs_only_a_journal_that_must_outlive_the_machine(tmp_path,
     real = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(fd), real(fd)))
     j = Journal(str(tmp_path / "j"), durable=durable)
-    j.rewrite(RECORDS[:2])
+    j.rewrite([RECORDS[:2]])
     j.close()
     assert bool(calls) is durable   # the file, and its directory for the rename
     assert replay(tmp_path / "j") == RECORDS[:2]

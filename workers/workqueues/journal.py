@@ -42,16 +42,18 @@ byte offset and truncates the file there, so records appended afterwards follow 
 cleanly.  Anything after a corrupt record is dropped with it (records depend on the ones before them, so a queue
 cannot be rebuilt from a journal with a hole in it).
 
-Compaction.  ``rewrite`` writes the live state as a fresh set of records (in batch records of up to 1,024) to
-``<path>.tmp``, fsyncs it, and renames it over the journal (``os.replace``: atomic, a crash leaves either the old
-journal or the new one), then appends to the new file.  That stops the owner's event loop for as long as the
-writing takes (~0.5 s per million live messages), so while the broker serves, compaction runs in the background
-as Redis rewrites its AOF: ``start_rewrite`` forks a child that writes the state as it was at the fork to
-``<path>.rewrite-<pid>`` while the owner goes on appending to the journal; once the child is done,
-``finish_rewrite`` appends to that file what the journal gained since the fork (whole records: the fork was at a
-commit) and renames it over the journal.  Replaying it is replaying the old one: the same state at the fork, then
-the same records.  A child that fails (a full disk) leaves the journal as it was; one whose worker died exits
-without renaming anything, and the replacement clears its file away.
+Compaction.  ``rewrite`` writes the live state, given as batches of records (each written as one batch record),
+to ``<path>.tmp``, fsyncs it, and renames it over the journal (``os.replace``: atomic, a crash leaves either the
+old journal or the new one), then appends to the new file.  That stops the owner's event loop for as long as the
+writing takes, so while the broker serves, compaction goes a batch at a time between the owner's other work:
+``start_rewrite`` takes the state as it is at a commit (the queues hand over their messages, tuples that never
+change, and copies of what does: ``model.Queue.snapshot``) and opens ``<path>.rewrite-<pid>``; each
+``rewrite_step`` writes one batch while the owner goes on appending to the journal; ``finish_rewrite`` appends to
+that file what the journal gained since the start (whole records: it started at a commit) and renames it over the
+journal.  Replaying it is replaying the old one: the same state at the start, then the same records.  A rewrite
+that fails (a full disk) leaves the journal as it was, and so does a worker that dies meanwhile: its replacement
+clears the file away.  There is no child process: a fork of a worker holding a million messages made the worker
+fault on every page of its memory afterwards (copy-on-write), which cost more than the writing itself.
 
 A journal that only has to outlive its worker (``durable`` false: the runtime directory, no ``queues.data_dir``)
 is never fsynced, not even by a rewrite: the page cache survives a process, and the machine's crash takes the
@@ -60,13 +62,10 @@ runtime directory's meaning with it.
 
 from __future__ import annotations
 
-import gc
 import glob
-import itertools
 import logging
 import marshal
 import os
-import signal
 import struct
 import time
 import zlib
@@ -86,7 +85,6 @@ _dumps = core.flat_dumps
 _loads = marshal.loads
 _crc32 = zlib.crc32
 _CHUNK = 1 << 20                     # replay reads, rewrite writes, this much at a time
-_REWRITE_BATCH = 1024                # records per batch record in a rewrite (compaction)
 # Indirections the tests replace (partial writes, failing disks, a fake clock).
 _write = os.write
 _sync = getattr(os, "fdatasync", os.fsync)
@@ -117,8 +115,7 @@ class Journal:
         self.path = path
         self.fsync = fsync
         self.durable = durable            # to survive the machine (a rewrite fsyncs), not only the worker
-        self._rewriting: tuple[int, str, int] | None = None   # a background rewrite: (child pid, its file, fork's size)
-        self._rewrite_status: int | None = None                # its exit status, once reaped
+        self._rewriting: _Rewrite | None = None       # a rewrite under way (start_rewrite)
         self._enabled = path is not None
         self._pending: list[tuple[str, tuple]] = []   # appended, not yet encoded
         self._buf: list[bytes] = []                   # encoded, not yet written (a failed write's, to retry)
@@ -296,9 +293,10 @@ class Journal:
         self._size = os.fstat(fd).st_size
 
     # -- compaction -----------------------------------------------------------------------------------------------
-    def rewrite(self, items: Iterable[tuple[str, tuple]]) -> None:
-        """Replace the file with exactly these records (atomically: ``<path>.tmp``, fsync, ``os.replace``), then go
-        on appending to it.  Only right after ``commit``: buffered records would be neither here nor there."""
+    def rewrite(self, batches: Iterable[list[tuple[str, tuple]]]) -> None:
+        """Replace the file with exactly these records, given in batches (lists of (queue, record), each written as
+        one batch record), atomically (``<path>.tmp``, fsync, ``os.replace``), then go on appending to it.  Only
+        right after ``commit``: buffered records would be neither here nor there."""
         if not self._enabled:
             return
         if self._buf or self._pending:
@@ -310,38 +308,24 @@ class Journal:
         self.abort_rewrite()
         tmp = path + ".tmp"
         fd = os.open(tmp, _OPEN_FLAGS | os.O_TRUNC, 0o600)
-        self._replace_with(fd, tmp, lambda: self._write_records(fd, items))
+        self._replace_with(fd, tmp, lambda: self._write_batches(fd, batches))
 
-    def _write_records(self, fd: int, items: Iterable[tuple[str, tuple]], alive: Callable[[], bool] | None = None
-                       ) -> int:
-        """Write ``items`` to ``fd`` as batch records of up to _REWRITE_BATCH, ``_CHUNK`` at a time; ``alive`` is
-        asked before each write (a background rewrite's: its worker is still there).  -> the bytes written."""
-        size = 0
+    def _write_batches(self, fd: int, batches: Iterable[list[tuple[str, tuple]]]) -> None:
+        """Write ``batches`` to ``fd``, each as one batch record, ``_CHUNK`` at a time."""
         chunk: list[bytes] = []
         pending = 0
-        batch: list[tuple[str, tuple]] = []
-        for item in itertools.chain(items, (None,)):
-            if item is not None:
-                batch.append(item)
-                if len(batch) < _REWRITE_BATCH:
-                    continue
+        for batch in batches:
             if not batch:
                 continue
             data = self._encode(batch, strict=True)
-            batch = []
             chunk.append(data)
             pending += len(data)
             if pending >= _CHUNK:
-                if alive is not None and not alive():
-                    raise InterruptedError("the journal's worker is gone")
                 _write_all(fd, b"".join(chunk))
-                size += pending
                 chunk.clear()
                 pending = 0
         if chunk:
             _write_all(fd, b"".join(chunk))
-            size += pending
-        return size
 
     def _replace_with(self, fd: int, tmp: str, fill: Callable[[], object]) -> None:
         """``fill`` completes ``tmp`` (open as ``fd``), which then becomes the journal, appended to from now on.  If
@@ -365,107 +349,76 @@ class Journal:
         if self.durable:
             _sync_dir(os.path.dirname(os.path.abspath(self.path)))
 
-    # -- compaction in the background ---------------------------------------------------------------------------
+    # -- compaction while serving --------------------------------------------------------------------------------
     @property
     def rewriting(self) -> bool:
         return self._rewriting is not None
 
-    def start_rewrite(self, items: Callable[[], Iterable[tuple[str, tuple]]]) -> None:
-        """Fork a child that writes ``items()``, the live state as it is now, to a file of its own; this process
-        goes on appending to the journal, and ``finish_rewrite`` puts the child's file in its place.  Only right
-        after ``commit`` (what the fork sees must be what the file holds), and one at a time."""
+    @property
+    def rewrite_written(self) -> bool:
+        """The rewrite under way has written all its batches: ``finish_rewrite`` puts it in place."""
+        return self._rewriting is not None and self._rewriting.written
+
+    def start_rewrite(self, batches: Iterable[list[tuple[str, tuple]]]) -> None:
+        """Start rewriting the file as ``batches`` (as ``rewrite`` takes them: the live state, taken by the caller
+        at this commit, for it is read while the journal goes on changing), written by ``rewrite_step`` one batch
+        at a time and put in place by ``finish_rewrite``.  Only right after ``commit``, and one at a time."""
         if not self._enabled or self._fd is None or self._rewriting is not None:
             return
         if self._buf or self._pending or self._torn:
             raise AssertionError("journal rewrite with uncommitted records: commit first")
-        parent = os.getpid()
-        tmp = f"{self.path}.rewrite-{parent}"
+        tmp = f"{self.path}.rewrite-{os.getpid()}"
         fd = os.open(tmp, _OPEN_FLAGS | os.O_TRUNC, 0o600)
-        try:
-            pid = os.fork()
-        except BaseException:
-            os.close(fd)
-            _unlink(tmp)
-            raise
-        if pid == 0:   # the child: write, and leave without running anything of the worker's
-            code = 255
-            try:
-                signal.set_wakeup_fd(-1)   # a signal here is this child's, not news for the worker's event loop
-                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-                    signal.signal(sig, signal.SIG_DFL)
-                # The worker's sockets must close when the worker closes them, not when this child exits too.
-                os.closerange(3, fd)
-                os.closerange(fd + 1, os.sysconf("SC_OPEN_MAX"))   # the limit now: the worker may have raised it
-                gc.disable()               # nothing to collect in a process that lives for one loop
-                self._write_records(fd, items(), alive=lambda: os.getppid() == parent)
-                if self.durable:
-                    os.fsync(fd)
-                code = 0
-            except OSError as exc:
-                code = exc.errno if exc.errno and 0 < exc.errno < 255 else 255
-            except BaseException:
-                pass
-            finally:
-                os._exit(code)
-        os.close(fd)
-        self._rewriting = (pid, tmp, self._size)
-        self._rewrite_status = None
+        self._rewriting = _Rewrite(fd, tmp, self._size, iter(batches))
 
-    def rewrite_done(self) -> bool:
-        """The background rewrite's child has exited (reaped now if it just did)."""
-        if self._rewriting is None:
-            return False
-        if self._rewrite_status is None:
-            pid, status = os.waitpid(self._rewriting[0], os.WNOHANG)
-            if pid == 0:
-                return False
-            self._rewrite_status = status
-        return True
+    def rewrite_step(self) -> bool:
+        """Write the next batch of the rewrite under way.  -> True once every batch is written.  A failure (a full
+        disk, a record that cannot be encoded) ends the rewrite, removes its file and raises; the journal stays
+        as it was."""
+        rw = self._rewriting
+        if rw is None or rw.written:
+            return rw is not None
+        try:
+            batch = next(rw.batches, None)
+            if batch is None:
+                rw.written = True
+                return True
+            if batch:
+                _write_all(rw.fd, self._encode(batch, strict=True))
+        except BaseException:
+            self.abort_rewrite()
+            raise
+        return False
 
     def finish_rewrite(self) -> bool:
-        """Once the child is done and the journal committed: append what the journal gained since the fork to
-        the child's file and make it the journal.  -> True if it did; False if not yet (the child still writes,
-        records are buffered).  A failed child, or a failure here, raises OSError; the journal stays as it was."""
-        if not self.rewrite_done() or self._buf or self._pending or self._torn:
+        """Once every batch is written and the journal committed: append what the journal gained since the start
+        to the rewrite's file and make it the journal.  -> True if it did; False if not yet (batches left, records
+        buffered).  A failure raises OSError; the journal stays as it was."""
+        rw = self._rewriting
+        if rw is None or not rw.written or self._buf or self._pending or self._torn:
             return False
-        assert self._rewriting is not None and self._rewrite_status is not None and self._fd is not None
-        (_, tmp, start), status = self._rewriting, self._rewrite_status
-        self._rewriting = self._rewrite_status = None
-        code = os.waitstatus_to_exitcode(status)
-        if code != 0:
-            _unlink(tmp)
-            if 0 < code < 255:
-                raise OSError(code, f"the compaction's child failed: {os.strerror(code)}")
-            raise OSError(f"the compaction's child failed (exit status {code})")
-        journal, end = self._fd, self._size
+        assert self._fd is not None
+        self._rewriting = None
+        journal, start, end = self._fd, rw.start, self._size
 
-        def append_since_fork() -> None:
+        def append_since_start() -> None:
             offset = start
             while offset < end:
                 data = os.pread(journal, min(_CHUNK, end - offset), offset)
                 if not data:
                     raise OSError(f"the journal ends at {offset}, short of {end}")
-                _write_all(fd, data)
+                _write_all(rw.fd, data)
                 offset += len(data)
 
-        fd = os.open(tmp, _OPEN_FLAGS, 0o600)
-        self._replace_with(fd, tmp, append_since_fork)
+        self._replace_with(rw.fd, rw.tmp, append_since_start)
         return True
 
     def abort_rewrite(self) -> None:
-        """Stop a background rewrite, if one runs, and remove its file."""
-        if self._rewriting is None:
-            return
-        pid, tmp, _ = self._rewriting
-        self._rewriting = None
-        if self._rewrite_status is None:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-            except (ProcessLookupError, ChildProcessError):
-                pass
-        self._rewrite_status = None
-        _unlink(tmp)
+        """Stop the rewrite under way, if one is, and remove its file."""
+        rw, self._rewriting = self._rewriting, None
+        if rw is not None:
+            os.close(rw.fd)
+            _unlink(rw.tmp)
 
     # -- the rest -------------------------------------------------------------------------------------------------
     @property
@@ -487,6 +440,19 @@ class Journal:
             self._fd = None
             self._unsynced = False
             os.close(fd)
+
+
+class _Rewrite:
+    """A rewrite under way: its file, the journal's size when it started, the batches it has yet to write."""
+
+    __slots__ = ("fd", "tmp", "start", "batches", "written")
+
+    def __init__(self, fd: int, tmp: str, start: int, batches: Iterator[list[tuple[str, tuple]]]) -> None:
+        self.fd = fd
+        self.tmp = tmp
+        self.start = start
+        self.batches = batches
+        self.written = False
 
 
 def _unlink(path: str) -> None:

@@ -34,9 +34,10 @@ import base64
 import collections
 import heapq
 import itertools
+import operator
 import os
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 from . import core
 from .history import History
@@ -59,6 +60,8 @@ L_SEQ, L_GRANTED, L_DEADLINE, L_VISIBILITY, L_HOLDER = range(5)
 D_ID, D_RECEIPT, D_KIND, D_DATA, D_DELIVERIES, D_PRIORITY, D_ENQUEUED, D_REASON, D_SOURCE = range(9)
 
 _LIMBO = -1                      # delay_at of a journal snapshot's leased message until its lease record
+SNAPSHOT_RUN = 1024              # messages in a batch of a journal snapshot (one step of a rewrite while serving)
+SNAPSHOT_BYTES = 1 << 20         # ... or about this much of their data
 
 
 def _append_run(fifo: collections.deque[range], run: range) -> None:
@@ -925,20 +928,13 @@ class Queue:
             self._do(("take", [msg[SEQ] for msg in messages]))
         return messages
 
-    def snapshot(self):
-        """The records that rebuild this queue as it is now (journal compaction): each message pushed (a leased
-        one as in no heap, then its lease)."""
-        delay_at, leased, leases, deliveries = self.delay_at, self.leased, self.leases, self.deliveries
-        for seq in sorted(self.messages):
-            m = self.messages[seq]
-            receipt = leased.get(seq)
-            d = deliveries.get(seq, 0)
-            yield ("push", seq, m[ID], m[KIND], m[DATA], m[PRIORITY], m[ENQUEUED],
-                   delay_at.get(seq, 0) if receipt is None else _LIMBO, d - 1 if receipt is not None else d,
-                   m[REASON], m[SOURCE], m[REDRIVEN], None)
-            if receipt is not None:
-                lease = leases[receipt]
-                yield ("lease", seq, receipt, lease[L_GRANTED], lease[L_DEADLINE], lease[L_VISIBILITY])
+    def snapshot(self) -> Iterator[list[tuple]]:
+        """The records that rebuild this queue as it is now (journal compaction), in batches of ``SNAPSHOT_RUN``
+        messages or about ``SNAPSHOT_BYTES`` of their data.  The state is taken now, the messages themselves
+        (tuples, never changed) and copies of the maps that change, so the batches may be written over many turns
+        while the queue goes on changing (``Journal.start_rewrite``)."""
+        return _snapshot_batches(list(self.messages.values()), dict(self.leased), dict(self.leases),
+                                 dict(self.deliveries), dict(self.delay_at))
 
     def stat(self, wall: int) -> dict:
         store = self.messages
@@ -952,6 +948,41 @@ class Queue:
             "dead_lettered": self.dead_lettered, "stale_receipts": self.stale_receipts,
             "duplicate_acks": self.duplicate_acks, "rejected": self.rejected,
         }
+
+
+def _snapshot_batches(messages: list[tuple], leased: dict, leases: dict, deliveries: dict, delay_at: dict
+                      ) -> Iterator[list[tuple]]:
+    """``Queue.snapshot``'s batches.  A batch of visible messages never leased, in the order of their numbers (as
+    the store holds them), is one ``pushes`` record, as a batch push stores them; any other has a ``push`` record
+    per message (a leased one as in no heap, then its lease)."""
+    special = leased.keys() | deliveries.keys() | delay_at.keys()
+    data_of, seq_of = operator.itemgetter(DATA), operator.itemgetter(SEQ)
+    i = 0
+    while i < len(messages):
+        batch = messages[i:i + SNAPSHOT_RUN]
+        if sum(map(len, map(data_of, batch))) > SNAPSHOT_BYTES:
+            size = n = 0
+            while n < len(batch) and size <= SNAPSHOT_BYTES:
+                size += len(batch[n][DATA])
+                n += 1
+            batch = batch[:n]
+        i += len(batch)
+        seqs = list(map(seq_of, batch))
+        if special.isdisjoint(seqs) and seqs == sorted(seqs):
+            yield [("pushes", None, batch, None)]
+            continue
+        records = []
+        for m in batch:
+            seq = m[SEQ]
+            receipt = leased.get(seq)
+            d = deliveries.get(seq, 0)
+            records.append(("push", seq, m[ID], m[KIND], m[DATA], m[PRIORITY], m[ENQUEUED],
+                            delay_at.get(seq, 0) if receipt is None else _LIMBO, d - 1 if receipt is not None else d,
+                            m[REASON], m[SOURCE], m[REDRIVEN], None))
+            if receipt is not None:
+                lease = leases[receipt]
+                records.append(("lease", seq, receipt, lease[L_GRANTED], lease[L_DEADLINE], lease[L_VISIBILITY]))
+        yield records
 
 
 def pushed_seqs(record: tuple) -> list[int] | range:

@@ -25,7 +25,7 @@ import dataclasses
 import heapq
 import logging
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 from router.subjects import is_valid_literal
 from workers.message import KIND_JSON
@@ -252,6 +252,8 @@ class Shard:
                     return
                 if self._failing_since:
                     self._written_again()
+            if journal.rewrite_written:
+                self._finish_rewrite()
         finally:
             if self._served:
                 self._served.clear()
@@ -801,9 +803,9 @@ class Shard:
             try:
                 if clock is not None and clock[1] != _boot_id():
                     self.compact(force=True)   # the old boot's deadlines must not be replayed again: rewrite now
-                else:   # in the background: the worker serves meanwhile (a million messages: ~0.8 s less)
+                else:   # while serving, a batch at a time
                     self.journal.commit()
-                    self.journal.start_rewrite(self._snapshot)
+                    self._start_rewrite()
             except OSError as exc:   # a full disk: the journal stays as it was, and the worker starts all the same
                 log.error("work-queue journal: compaction at start failed: %s; the journal is kept as it is",
                           exc.strerror or exc)
@@ -827,32 +829,57 @@ class Shard:
                     "wall clock", self.index)
 
     def compact(self, force: bool = False) -> None:
-        """Rewrite the journal as the live state once it is large and mostly records of what is gone: in the
-        background while serving (``Journal.start_rewrite``), at once when ``force``d (at start)."""
+        """Rewrite the journal as the live state once it is large and mostly records of what is gone: a batch at
+        a time while serving (``_rewrite_step``), at once when ``force``d (at start)."""
         journal = self.journal
         if journal.dirty:
             if not force:   # the turn's flush writes it (or it waits for a disk with room): compact next time
                 return
             journal.commit()
-        if journal.rewriting and not force:
-            before = journal.size
-            if journal.finish_rewrite():
-                self.compactions += 1
-                log.debug("worker %d: journal compacted in the background: %d bytes, was %d", self.index,
-                          journal.size, before)
+        if journal.rewriting and not force:   # under way: its steps go on, and the turn it is written ends it
             return
         live = sum(q.bytes + 96 * (len(q.messages) + len(q.leases)) for q in self.queues.values())
         if force:
             journal.rewrite(self._snapshot())
             self.compactions += 1
         elif journal.size - live >= _COMPACT_DEAD and live * 2 < journal.size:
-            journal.start_rewrite(self._snapshot)
+            self._start_rewrite()
 
-    def _snapshot(self):
-        yield "", _clock()
-        for q in self.queues.values():
-            for record in q.snapshot():
-                yield q.name, record
+    def _snapshot(self) -> Iterator[list[tuple[str, tuple]]]:
+        """The live state as batches of journal records, taken now (``Queue.snapshot``), read as they are written."""
+        return _named_batches(_clock(), [(q.name, q.snapshot()) for q in self.queues.values()])
+
+    def _start_rewrite(self) -> None:
+        """Compact while serving: one batch of the state as it is now per turn of the event loop, in between."""
+        self.journal.start_rewrite(self._snapshot())
+        self.loop.call_soon(self._rewrite_step)
+
+    def _rewrite_step(self) -> None:
+        try:
+            if not self.journal.rewrite_step():
+                if self.journal.rewriting:
+                    self.loop.call_soon(self._rewrite_step)
+                return
+        except Exception as exc:   # a full disk; or a record that cannot be encoded (a bug): the journal is kept
+            self._compaction_failed(exc)
+            return
+        self._schedule_flush()     # written: the turn's commit puts it in place (_finish_rewrite)
+
+    def _finish_rewrite(self) -> None:
+        journal = self.journal
+        before = journal.size
+        try:
+            journal.finish_rewrite()
+        except OSError as exc:
+            self._compaction_failed(exc)
+            return
+        self.compactions += 1
+        log.debug("worker %d: journal compacted while serving: %d bytes, was %d", self.index, journal.size, before)
+
+    def _compaction_failed(self, exc: Exception) -> None:
+        self._compact_after = time.monotonic() + _COMPACT_BACKOFF_S
+        log.error("work-queue journal: compaction failed: %s; the journal is kept as it is, next try in %d s",
+                  getattr(exc, "strerror", None) or exc, _COMPACT_BACKOFF_S)
 
     def tick(self) -> None:
         """About once a second: fsync per policy, and compact when it pays."""
@@ -865,14 +892,20 @@ class Shard:
         try:
             self.compact()
         except OSError as exc:   # the old journal is kept as it was (Journal.rewrite)
-            self._compact_after = time.monotonic() + _COMPACT_BACKOFF_S
-            log.error("work-queue journal: compaction failed: %s; the journal is kept as it is, next try in %d s",
-                      exc.strerror or exc, _COMPACT_BACKOFF_S)
+            self._compaction_failed(exc)
 
     def stats(self, name: str | None = None) -> list[dict]:
         """``qstat`` of every queue here (or of ``name``), for /queuez."""
         wall = time.time_ns()
         return [self._stat_of(q, wall) for q in self.queues.values() if not name or q.name == name]
+
+
+def _named_batches(clock: tuple, snapshots: list[tuple[str, Iterator[list[tuple]]]]
+                   ) -> Iterator[list[tuple[str, tuple]]]:
+    yield [("", clock)]
+    for name, batches in snapshots:
+        for batch in batches:
+            yield [(name, record) for record in batch]
 
 
 _OPS: dict[str, Callable] = {
