@@ -706,6 +706,63 @@ def test_a_snapshot_rebuilds_the_queue_as_it_was_when_taken(tmp_path, monkeypatc
     asyncio.run(run())
 
 
+def test_the_shard_compacts_a_batch_per_turn_and_keeps_the_journal_when_that_fails(tmp_path, monkeypatch, caplog):
+    """``Shard._start_rewrite``: a step per turn of the event loop while the shard serves, the rewrite put in place
+    by the commit of the turn that finds it written; a step that fails leaves the journal as it was, is logged, and
+    the next compaction waits (``tick``)."""
+    import asyncio
+    import time
+
+    from workers.workqueues import model
+    from workers.workqueues.shard import Shard
+
+    monkeypatch.setattr(model, "SNAPSHOT_RUN", 10)
+    path = str(tmp_path / "q.journal")
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        shard = Shard(0, Settings(), Journal(path), lambda: loop.call_soon(shard.commit), 256)
+        shard.replay()
+        q = shard.queue("jobs")
+        now, wall = time.monotonic_ns(), time.time_ns()
+        q.push_data(0, [b"m%d" % i for i in range(100)], 4, 0, now, wall)
+        q.ack_many([d[D_RECEIPT] for d in q.lease(now, 60, 30_000, None)], now)
+        shard.journal.commit()
+        live = _state(q, counters=False)
+        shard._start_rewrite()
+        turns = 0
+        while shard.journal.rewriting:
+            q.push_data(0, [b"n%d" % turns], 4, 0, now, wall)      # a turn's push, journaled at its commit
+            shard.commit()
+            turns += 1
+            assert turns < 1000
+            await asyncio.sleep(0)
+        assert shard.compactions == 1 and turns >= 5               # 40 live messages, 10 a batch, then the end
+        fresh = Shard(0, Settings(), Journal(path), lambda: None, 256)
+        fresh.replay()
+        assert _state(fresh.queue("jobs"), counters=False) == _state(q, counters=False) != live
+
+        def full_disk(fd, data):
+            if fd != shard.journal._fd:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return os.write(fd, data)
+
+        monkeypatch.setattr(jmod, "_write", full_disk)
+        before = os.path.getsize(path)
+        with caplog.at_level(logging.ERROR):
+            shard._start_rewrite()
+            for _ in range(1000):
+                if not shard.journal.rewriting:
+                    break
+                await asyncio.sleep(0)
+        assert "compaction failed: No space left on device" in caplog.text
+        assert shard.compactions == 1 and shard._compact_after > time.monotonic() + 30
+        assert os.path.getsize(path) == before and glob.glob(path + ".rewrite-*") == []
+        assert not shard.journal.rewriting
+
+    asyncio.run(run())
+
+
 def test_records_of_older_journals_still_replay(tmp_path):
     """Journals written before receipts were kept as text (16-byte receipts in ``lease``, ``ack``, ``deadline``,
     ``requeue``) replay into the same queue."""

@@ -46,8 +46,8 @@ Compaction.  ``rewrite`` writes the live state, given as batches of records (eac
 to ``<path>.tmp``, fsyncs it, and renames it over the journal (``os.replace``: atomic, a crash leaves either the
 old journal or the new one), then appends to the new file.  That stops the owner's event loop for as long as the
 writing takes, so while the broker serves, compaction goes a batch at a time between the owner's other work:
-``start_rewrite`` takes the state as it is at a commit (the queues hand over their messages, tuples that never
-change, and copies of what does: ``model.Queue.snapshot``) and opens ``<path>.rewrite-<pid>``; each
+``start_rewrite`` is given the state as it was at a commit (the queues hand over their messages, tuples that
+never change, and copies of what does: ``model.Queue.snapshot``) and opens ``<path>.rewrite-<pid>``; each
 ``rewrite_step`` writes one batch while the owner goes on appending to the journal; ``finish_rewrite`` appends to
 that file what the journal gained since the start (whole records: it started at a commit) and renames it over the
 journal.  Replaying it is replaying the old one: the same state at the start, then the same records.  A rewrite
