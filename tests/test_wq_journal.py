@@ -328,24 +328,28 @@ def test_rewrite_over_a_stale_tmp(tmp_path):
 
 # -- compaction while serving -------------------------------------------------------------------------------------
 def _finish(j):
-    """Write the rewrite's batches, then put it in place (what the shard does a step per turn)."""
+    """Write the rewrite's batches, sync them, then put it in place (what the shard does a step per turn)."""
     while not j.rewrite_step():
         pass
+    sync = j.rewrite_sync()
+    if sync is not None:
+        sync()
     assert j.finish_rewrite()
 
 
-def _committed(path, records=RECORDS):
+def _committed(path, records=RECORDS, durable=True):
     """A journal open on ``path`` with ``records`` committed as one turn."""
-    j = Journal(str(path))
+    j = Journal(str(path), durable=durable)
     for queue, record in records:
         j.append(queue, record)
     j.commit()
     return j
 
 
-def test_a_rewrite_while_serving_keeps_what_was_appended_while_it_ran(tmp_path):
+@pytest.mark.parametrize("durable", [True, False])
+def test_a_rewrite_while_serving_keeps_what_was_appended_while_it_ran(tmp_path, monkeypatch, durable):
     path = tmp_path / "j"
-    j = _committed(path)
+    j = _committed(path, durable=durable)
     before = j.size
     live = RECORDS[:2]
     j.start_rewrite([live[:1], [], live[1:]])
@@ -354,7 +358,17 @@ def test_a_rewrite_while_serving_keeps_what_was_appended_while_it_ran(tmp_path):
     j.append(*RECORDS[2])
     j.commit()
     assert not j.rewrite_step() and not j.rewrite_step()   # the empty batch, the last one
-    assert j.rewrite_step() and j.rewrite_written          # nothing left
+    assert j.rewrite_step()                                # nothing left
+    sync = j.rewrite_sync()
+    if durable:                                            # synced (in a thread, by the shard) before it is in place
+        assert not j.rewrite_written and not j.finish_rewrite()
+        synced = []
+        monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd))
+        sync()
+        assert len(synced) == 1 and j.rewrite_sync() is None
+    else:
+        assert sync is None
+    assert j.rewrite_written
     j.append(*RECORDS[3])
     assert not j.finish_rewrite() and j.rewriting          # not with records buffered
     j.commit()
@@ -708,8 +722,8 @@ def test_a_snapshot_rebuilds_the_queue_as_it_was_when_taken(tmp_path, monkeypatc
 
 def test_the_shard_compacts_a_batch_per_turn_and_keeps_the_journal_when_that_fails(tmp_path, monkeypatch, caplog):
     """``Shard._start_rewrite``: a step per turn of the event loop while the shard serves, the rewrite put in place
-    by the commit of the turn that finds it written; a step that fails leaves the journal as it was, is logged, and
-    the next compaction waits (``tick``)."""
+    by the commit of the turn that finds it written (and synced, in a thread); a step or a sync that fails leaves
+    the journal as it was, is logged, and the next compaction waits (``tick``)."""
     import asyncio
     import time
 
@@ -731,11 +745,12 @@ def test_the_shard_compacts_a_batch_per_turn_and_keeps_the_journal_when_that_fai
         live = _state(q, counters=False)
         shard._start_rewrite()
         turns = 0
-        while shard.journal.rewriting:
+        deadline = time.monotonic() + 10
+        while shard.journal.rewriting:                              # then synced in a thread (a durable journal)
             q.push_data(0, [b"n%d" % turns], 4, 0, now, wall)      # a turn's push, journaled at its commit
             shard.commit()
             turns += 1
-            assert turns < 1000
+            assert time.monotonic() < deadline
             await asyncio.sleep(0)
         assert shard.compactions == 1 and turns >= 5               # 40 live messages, 10 a batch, then the end
         fresh = Shard(0, Settings(), Journal(path), lambda: None, 256)
@@ -751,14 +766,28 @@ def test_the_shard_compacts_a_batch_per_turn_and_keeps_the_journal_when_that_fai
         before = os.path.getsize(path)
         with caplog.at_level(logging.ERROR):
             shard._start_rewrite()
-            for _ in range(1000):
-                if not shard.journal.rewriting:
-                    break
+            while shard.journal.rewriting:
+                assert time.monotonic() < deadline + 10
                 await asyncio.sleep(0)
         assert "compaction failed: No space left on device" in caplog.text
         assert shard.compactions == 1 and shard._compact_after > time.monotonic() + 30
         assert os.path.getsize(path) == before and glob.glob(path + ".rewrite-*") == []
         assert not shard.journal.rewriting
+        # the sync of a durable journal's rewrite fails (in its thread): the same
+        monkeypatch.setattr(jmod, "_write", os.write)
+
+        def failing_disk(fd):
+            raise OSError(errno.EIO, "Input/output error")
+
+        monkeypatch.setattr(os, "fsync", failing_disk)
+        caplog.clear()
+        with caplog.at_level(logging.ERROR):
+            shard._start_rewrite()
+            while shard.journal.rewriting:
+                assert time.monotonic() < deadline + 20
+                await asyncio.sleep(0)
+        assert "compaction failed: Input/output error" in caplog.text
+        assert shard.compactions == 1 and os.path.getsize(path) == before and glob.glob(path + ".rewrite-*") == []
 
     asyncio.run(run())
 

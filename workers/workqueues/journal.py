@@ -48,8 +48,9 @@ old journal or the new one), then appends to the new file.  That stops the owner
 writing takes, so while the broker serves, compaction goes a batch at a time between the owner's other work:
 ``start_rewrite`` is given the state as it was at a commit (the queues hand over their messages, tuples that
 never change, and copies of what does: ``model.Queue.snapshot``) and opens ``<path>.rewrite-<pid>``; each
-``rewrite_step`` writes one batch while the owner goes on appending to the journal; ``finish_rewrite`` appends to
-that file what the journal gained since the start (whole records: it started at a commit) and renames it over the
+``rewrite_step`` writes one batch while the owner goes on appending to the journal (a durable journal's rewrite is
+then fsynced in another thread: ``rewrite_sync``); ``finish_rewrite`` appends to that file what the journal gained
+since the start (whole records: it started at a commit) and renames it over the
 journal.  Replaying it is replaying the old one: the same state at the start, then the same records.  A rewrite
 that fails (a full disk) leaves the journal as it was, and so does a worker that dies meanwhile: its replacement
 clears the file away.  There is no child process: a fork of a worker holding a million messages made the worker
@@ -356,8 +357,10 @@ class Journal:
 
     @property
     def rewrite_written(self) -> bool:
-        """The rewrite under way has written all its batches: ``finish_rewrite`` puts it in place."""
-        return self._rewriting is not None and self._rewriting.written
+        """The rewrite under way has written all its batches (and, for a durable journal, synced them:
+        ``rewrite_sync``): ``finish_rewrite`` puts it in place."""
+        rw = self._rewriting
+        return rw is not None and rw.written and (rw.synced or not self.durable)
 
     def start_rewrite(self, batches: Iterable[list[tuple[str, tuple]]]) -> None:
         """Start rewriting the file as ``batches`` (as ``rewrite`` takes them: the live state, taken by the caller
@@ -390,14 +393,32 @@ class Journal:
             raise
         return False
 
-    def finish_rewrite(self) -> bool:
-        """Once every batch is written and the journal committed: append what the journal gained since the start
-        to the rewrite's file and make it the journal.  -> True if it did; False if not yet (batches left, records
-        buffered).  A failure raises OSError; the journal stays as it was."""
+    def rewrite_sync(self) -> Callable[[], None] | None:
+        """What a durable journal's rewrite needs once written, before it is put in place: an fsync, for the caller
+        to run in another thread while it serves (on a descriptor of its own, so that the rewrite may end
+        meanwhile).  None when there is nothing to sync."""
         rw = self._rewriting
-        if rw is None or not rw.written or self._buf or self._pending or self._torn:
+        if rw is None or not rw.written or rw.synced or not self.durable:
+            return None
+        fd = os.dup(rw.fd)
+
+        def sync() -> None:
+            try:
+                os.fsync(fd)
+                rw.synced = True
+            finally:
+                os.close(fd)
+
+        return sync
+
+    def finish_rewrite(self) -> bool:
+        """Once every batch is written (and synced) and the journal committed: append what the journal gained since
+        the start to the rewrite's file and make it the journal.  -> True if it did; False if not yet (batches
+        left, not synced, records buffered).  A failure raises OSError; the journal stays as it was."""
+        rw = self._rewriting
+        if not self.rewrite_written or self._buf or self._pending or self._torn:
             return False
-        assert self._fd is not None
+        assert rw is not None and self._fd is not None
         self._rewriting = None
         journal, start, end = self._fd, rw.start, self._size
 
@@ -445,7 +466,7 @@ class Journal:
 class _Rewrite:
     """A rewrite under way: its file, the journal's size when it started, the batches it has yet to write."""
 
-    __slots__ = ("fd", "tmp", "start", "batches", "written")
+    __slots__ = ("fd", "tmp", "start", "batches", "written", "synced")
 
     def __init__(self, fd: int, tmp: str, start: int, batches: Iterator[list[tuple[str, tuple]]]) -> None:
         self.fd = fd
@@ -453,6 +474,7 @@ class _Rewrite:
         self.start = start
         self.batches = batches
         self.written = False
+        self.synced = False
 
 
 def _unlink(path: str) -> None:

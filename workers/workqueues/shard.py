@@ -855,15 +855,28 @@ class Shard:
         self.loop.call_soon(self._rewrite_step)
 
     def _rewrite_step(self) -> None:
+        journal = self.journal
         try:
-            if not self.journal.rewrite_step():
-                if self.journal.rewriting:
+            if not journal.rewrite_step():
+                if journal.rewriting:
                     self.loop.call_soon(self._rewrite_step)
                 return
+            sync = journal.rewrite_sync()
         except Exception as exc:   # a full disk; or a record that cannot be encoded (a bug): the journal is kept
             self._compaction_failed(exc)
             return
+        if sync is not None:       # a durable journal's: synced in a thread, for a disk may take seconds
+            self.loop.run_in_executor(None, sync).add_done_callback(self._rewrite_synced)
+            return
         self._schedule_flush()     # written: the turn's commit puts it in place (_finish_rewrite)
+
+    def _rewrite_synced(self, done: asyncio.Future) -> None:
+        exc = done.exception()
+        if exc is not None:
+            self.journal.abort_rewrite()
+            self._compaction_failed(exc)
+            return
+        self._schedule_flush()
 
     def _finish_rewrite(self) -> None:
         journal = self.journal
