@@ -863,6 +863,7 @@ class Shard:
                 return
             sync = journal.rewrite_sync()
         except Exception as exc:   # a full disk; or a record that cannot be encoded (a bug): the journal is kept
+            journal.abort_rewrite()
             self._compaction_failed(exc)
             return
         if sync is not None:       # a durable journal's: synced in a thread, for a disk may take seconds
@@ -871,6 +872,8 @@ class Shard:
         self._schedule_flush()     # written: the turn's commit puts it in place (_finish_rewrite)
 
     def _rewrite_synced(self, done: asyncio.Future) -> None:
+        if done.cancelled():       # the worker is stopping
+            return
         exc = done.exception()
         if exc is not None:
             self.journal.abort_rewrite()
