@@ -757,37 +757,32 @@ def test_the_shard_compacts_a_batch_per_turn_and_keeps_the_journal_when_that_fai
         fresh.replay()
         assert _state(fresh.queue("jobs"), counters=False) == _state(q, counters=False) != live
 
+        async def compaction_fails_with(text):
+            before = os.path.getsize(path)
+            caplog.clear()
+            with caplog.at_level(logging.ERROR):
+                shard._start_rewrite()
+                while shard.journal.rewriting:
+                    assert time.monotonic() < deadline + 20
+                    await asyncio.sleep(0)
+            assert f"compaction failed: {text}" in caplog.text
+            assert shard.compactions == 1 and shard._compact_after > time.monotonic() + 30
+            assert os.path.getsize(path) == before and glob.glob(path + ".rewrite-*") == []
+
         def full_disk(fd, data):
             if fd != shard.journal._fd:
                 raise OSError(errno.ENOSPC, "No space left on device")
             return os.write(fd, data)
 
         monkeypatch.setattr(jmod, "_write", full_disk)
-        before = os.path.getsize(path)
-        with caplog.at_level(logging.ERROR):
-            shard._start_rewrite()
-            while shard.journal.rewriting:
-                assert time.monotonic() < deadline + 10
-                await asyncio.sleep(0)
-        assert "compaction failed: No space left on device" in caplog.text
-        assert shard.compactions == 1 and shard._compact_after > time.monotonic() + 30
-        assert os.path.getsize(path) == before and glob.glob(path + ".rewrite-*") == []
-        assert not shard.journal.rewriting
-        # the sync of a durable journal's rewrite fails (in its thread): the same
+        await compaction_fails_with("No space left on device")
         monkeypatch.setattr(jmod, "_write", os.write)
 
-        def failing_disk(fd):
+        def failing_disk(fd):   # the sync of a durable journal's rewrite, in its thread
             raise OSError(errno.EIO, "Input/output error")
 
         monkeypatch.setattr(os, "fsync", failing_disk)
-        caplog.clear()
-        with caplog.at_level(logging.ERROR):
-            shard._start_rewrite()
-            while shard.journal.rewriting:
-                assert time.monotonic() < deadline + 20
-                await asyncio.sleep(0)
-        assert "compaction failed: Input/output error" in caplog.text
-        assert shard.compactions == 1 and os.path.getsize(path) == before and glob.glob(path + ".rewrite-*") == []
+        await compaction_fails_with("Input/output error")
 
     asyncio.run(run())
 
