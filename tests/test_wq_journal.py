@@ -328,12 +328,12 @@ def test_rewrite_over_a_stale_tmp(tmp_path):
 
 # -- compaction while serving -------------------------------------------------------------------------------------
 def _finish(j):
-    """Write the rewrite's batches, sync them, then put it in place (what the shard does a step per turn)."""
+    """Write the rewrite's batches, flush them, then put it in place (what the shard does a step per turn)."""
     while not j.rewrite_step():
         pass
-    sync = j.rewrite_sync()
-    if sync is not None:
-        sync()
+    flush = j.rewrite_flush()
+    if flush is not None:
+        flush()
     assert j.finish_rewrite()
 
 
@@ -359,16 +359,14 @@ def test_a_rewrite_while_serving_keeps_what_was_appended_while_it_ran(tmp_path, 
     j.commit()
     assert not j.rewrite_step() and not j.rewrite_step()   # the empty batch, the last one
     assert j.rewrite_step()                                # nothing left
-    sync = j.rewrite_sync()
-    if durable:                                            # synced (in a thread, by the shard) before it is in place
-        assert not j.rewrite_written and not j.finish_rewrite()
-        synced = []
-        monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd))
-        sync()
-        assert len(synced) == 1 and j.rewrite_sync() is None
-    else:
-        assert sync is None
-    assert j.rewrite_written
+    flush = j.rewrite_flush()        # fsynced (durable) or its writeback started, in a thread by the shard
+    assert not j.rewrite_written and not j.finish_rewrite()
+    synced, written_back = [], []
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd))
+    monkeypatch.setattr(jmod, "_writeback", lambda fd, offset, length, advice: written_back.append(advice))
+    flush()
+    assert (len(synced), written_back) == ((1, []) if durable else (0, [os.POSIX_FADV_DONTNEED]))
+    assert j.rewrite_written and j.rewrite_flush() is None
     j.append(*RECORDS[3])
     assert not j.finish_rewrite() and j.rewriting          # not with records buffered
     j.commit()

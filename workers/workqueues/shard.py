@@ -861,17 +861,17 @@ class Shard:
                 if journal.rewriting:
                     self.loop.call_soon(self._rewrite_step)
                 return
-            sync = journal.rewrite_sync()
+            flush = journal.rewrite_flush()
         except Exception as exc:   # a full disk; or a record that cannot be encoded (a bug): the journal is kept
             journal.abort_rewrite()
             self._compaction_failed(exc)
             return
-        if sync is not None:       # a durable journal's: synced in a thread, for a disk may take seconds
-            self.loop.run_in_executor(None, sync).add_done_callback(self._rewrite_synced)
+        if flush is not None:      # in a thread: an fsync may take seconds, a rename that writes back ~50 ms
+            self.loop.run_in_executor(None, flush).add_done_callback(self._rewrite_flushed)
             return
         self._schedule_flush()     # written: the turn's commit puts it in place (_finish_rewrite)
 
-    def _rewrite_synced(self, done: asyncio.Future) -> None:
+    def _rewrite_flushed(self, done: asyncio.Future) -> None:
         if done.cancelled():       # the worker is stopping
             return
         exc = done.exception()
