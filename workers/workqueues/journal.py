@@ -42,19 +42,19 @@ byte offset and truncates the file there, so records appended afterwards follow 
 cleanly.  Anything after a corrupt record is dropped with it (records depend on the ones before them, so a queue
 cannot be rebuilt from a journal with a hole in it).
 
-Compaction.  ``rewrite`` writes the live state, given as batches of records (each written as one batch record),
-to ``<path>.tmp``, fsyncs it, and renames it over the journal (``os.replace``: atomic, a crash leaves either the
-old journal or the new one), then appends to the new file.  That stops the owner's event loop for as long as the
-writing takes, so while the broker serves, compaction goes a batch at a time between the owner's other work:
-``start_rewrite`` is given the state as it was at a commit (the queues hand over their messages, tuples that
-never change, and copies of what does: ``model.Queue.snapshot``) and opens ``<path>.rewrite-<pid>``; each
-``rewrite_step`` writes one batch while the owner goes on appending to the journal (then the file is flushed in
-another thread: ``rewrite_flush``); ``finish_rewrite`` appends to that file what the journal gained since the
-start (whole records: it started at a commit) and renames it over the
-journal.  Replaying it is replaying the old one: the same state at the start, then the same records.  A rewrite
-that fails (a full disk) leaves the journal as it was, and so does a worker that dies meanwhile: its replacement
-clears the file away.  There is no child process: a fork of a worker holding a million messages made the worker
-fault on every page of its memory afterwards (copy-on-write), which cost more than the writing itself.
+Compaction.  ``rewrite`` writes the live state, given as batches of records (each written as one batch record), to
+``<path>.tmp``, fsyncs it, and renames it over the journal (``os.replace``: atomic, a crash leaves either the old
+journal or the new one), then appends to the new file.  That stops the owner's event loop for as long as the writing
+takes, so while the broker serves, compaction goes a batch at a time between the owner's other work:
+``start_rewrite`` is given the state as it was at a commit (the queues hand over their messages, tuples that never
+change, and copies of what does: ``model.Queue.snapshot``) and opens ``<path>.rewrite-<pid>``; each ``rewrite_step``
+writes one batch while the owner goes on appending to the journal (then the file is flushed in another thread:
+``rewrite_flush``); ``finish_rewrite`` appends to that file what the journal gained since the start (whole records:
+it started at a commit) and renames it over the journal.  Replaying it is replaying the old one: the same state at
+the start, then the same records.  A rewrite that fails (a full disk) leaves the journal as it was, and so does a
+worker that dies meanwhile: its replacement clears the file away.  There is no child process: a fork of a worker
+holding a million messages made the worker fault on every page of its memory afterwards (copy-on-write), which cost
+more than the writing itself.
 
 A journal that only has to outlive its worker (``durable`` false: the runtime directory, no ``queues.data_dir``)
 is never fsynced, not even by a rewrite (whose writeback is only started early: ``rewrite_flush``): the page cache
