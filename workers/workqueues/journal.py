@@ -401,14 +401,19 @@ class Journal:
         while it serves (on a descriptor of its own, so that the rewrite may end meanwhile): a durable journal's
         is fsynced; another's has its writeback started, which renaming it over the journal would otherwise do in
         the event loop (ext4 allocates a file's delayed blocks when it is renamed over another: ~50 ms for 200 MB
-        here).  None when there is nothing to do."""
+        here).  None when there is nothing to do.  A failure here (no descriptor to be had) ends the rewrite, as
+        in ``rewrite_step``."""
         rw = self._rewriting
         if rw is None or not rw.written or rw.flushed:
             return None
         if not self.durable and _writeback is None:
             rw.flushed = True
             return None
-        fd = os.dup(rw.fd)
+        try:
+            fd = os.dup(rw.fd)
+        except BaseException:
+            self.abort_rewrite()
+            raise
         durable = self.durable
 
         def flush() -> None:

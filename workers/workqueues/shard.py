@@ -863,7 +863,6 @@ class Shard:
                 return
             flush = journal.rewrite_flush()
         except Exception as exc:   # a full disk; or a record that cannot be encoded (a bug): the journal is kept
-            journal.abort_rewrite()
             self._compaction_failed(exc)
             return
         if flush is not None:      # in a thread: an fsync may take seconds, a rename that writes back ~50 ms
