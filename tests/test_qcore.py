@@ -256,6 +256,42 @@ def test_store_put_same_on_both_paths(store, messages):
     assert pure_args == comp_args   # what came before the bad one is stored on both
 
 
+# -- a snapshot's records of visible messages --------------------------------------------------------------------
+_SNAPSHOT_MESSAGE = st.tuples(
+    st.integers(1, 3), st.sampled_from(["A" * 16, "B" * 16, "short", "\u00e9" * 16, 7]), st.sampled_from([0, 1]),
+    st.binary(max_size=4), st.sampled_from([4, 9]), st.sampled_from([5, 6]), st.sampled_from(["", "", "dead"]),
+    st.sampled_from(["", "", "jobs"]), st.sampled_from([0, 0, 1]))
+
+
+@needs_compiled
+@FUZZ
+@given(st.lists(_SNAPSHOT_MESSAGE, max_size=30), st.integers(1, 4), st.booleans())
+def test_snapshot_pushes_same_on_both_paths_and_every_message_once_in_order(steps, least, bad):
+    seq, messages = 0, []
+    for step, *rest in steps:      # sequence numbers rising, mostly by one
+        seq += step if step < 3 else 1
+        messages.append((seq, *rest))
+    if bad:
+        messages.insert(len(messages) // 2, (seq + 1, "A" * 16))   # no message tuple
+    (pure, _), (comp, _) = _both("snapshot_pushes", (messages, 16, least))
+    assert pure == comp
+    if bad:
+        assert pure is TypeError
+        return
+    back = []
+    for record in pure:
+        if record[0] == "pushcol":   # as Queue.apply stores it
+            _, token, first, ids, kind, datas, priority, wall = record
+            assert token is None and len(datas) >= least and len(ids) == 16 * len(datas)
+            back += [(first + i, ids[16 * i:16 * i + 16], kind, d, priority, wall, "", "", 0)
+                     for i, d in enumerate(datas)]
+        else:
+            assert record[0] == "pushes" and record[1] is None and record[3] is None
+            back += record[2]
+    assert back == messages
+    assert not any(a[0] == b[0] == "pushes" for a, b in zip(pure, pure[1:]))   # the rest joined, not split
+
+
 # -- the journal's records ------------------------------------------------------------------------------------------
 def _typed(value):
     """``value`` with each container's and scalar's type spelled out: == on it compares types too (True == 1,

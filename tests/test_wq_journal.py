@@ -661,8 +661,9 @@ def test_batch_records_replay_to_the_same_queue(tmp_path):
 
 def test_a_snapshot_rebuilds_the_queue_as_it_was_when_taken(tmp_path, monkeypatch):
     """A compaction while serving writes its batches over many turns: they rebuild the queue as it was when the
-    snapshot was taken, whatever it did meanwhile.  Visible messages never leased are ``pushes`` records, the others
-    one record each; a batch holds ``SNAPSHOT_RUN`` messages or about ``SNAPSHOT_BYTES`` of their data."""
+    snapshot was taken, whatever it did meanwhile.  Visible messages never leased are ``pushcol`` records where
+    ``SNAPSHOT_PUSHCOL`` or more of them were pushed together, ``pushes`` records otherwise, the others one record
+    each; a batch holds ``SNAPSHOT_RUN`` messages or about ``SNAPSHOT_BYTES`` of their data."""
     import asyncio
     import time
 
@@ -671,13 +672,15 @@ def test_a_snapshot_rebuilds_the_queue_as_it_was_when_taken(tmp_path, monkeypatc
 
     monkeypatch.setattr(model, "SNAPSHOT_RUN", 7)
     monkeypatch.setattr(model, "SNAPSHOT_BYTES", 300)
+    monkeypatch.setattr(model, "SNAPSHOT_PUSHCOL", 3)
 
     async def run():
         shard = Shard(0, Settings(), Journal(str(tmp_path / "q.journal")), lambda: None, 256)
         shard.replay()
         q = shard.queue("jobs")
         now, wall = time.monotonic_ns(), time.time_ns()
-        q.push_data(0, [b"p%d" % i for i in range(40)], 4, 0, now, wall)
+        q.push_data(0, [b"p%d" % i for i in range(20)], 4, 0, now, wall)
+        q.push_data(0, [b"p%d" % i for i in range(20, 40)], 4, 0, now, wall + 1)   # pushed later: another run
         q.push(0, b"x" * 250, 9, now, wall, 0)
         q.push(0, b"y" * 400, 2, now, wall, 0)
         q.push_data(0, [b"z" * 200] * 5, 5, 0, now, wall)
@@ -701,12 +704,13 @@ def test_a_snapshot_rebuilds_the_queue_as_it_was_when_taken(tmp_path, monkeypatc
         shard.journal.commit()
         batches = list(batches)
         for batch in batches:
-            pushed = sum(len(r[2]) if r[0] == "pushes" else r[0] == "push" for r in batch)
-            assert 1 <= pushed <= 7
-            data = [m[DATA] for r in batch for m in (r[2] if r[0] == "pushes" else [r[1:]] if r[0] == "push" else [])]
+            data = [d for r in batch for d in ([m[DATA] for m in r[2]] if r[0] == "pushes" else r[5]
+                                               if r[0] == "pushcol" else [r[4]] if r[0] == "push" else [])]
+            assert 1 <= len(data) <= 7
             assert sum(map(len, data)) - len(data[-1]) <= 300       # the message that crossed the bound ends it
+            assert all(len(r[5]) >= 3 for r in batch if r[0] == "pushcol")
         kinds = {r[0] for batch in batches for r in batch}
-        assert kinds == {"pushes", "push", "lease"}
+        assert kinds == {"pushcol", "pushes", "push", "lease"}
         for name, batches in (("snapshot", snapshot), ("reordered", reordered)):
             rewritten = Journal(str(tmp_path / name))
             rewritten.rewrite(batches)

@@ -80,7 +80,7 @@ class Server:
 
     def cpu_seconds(self) -> float:
         """CPU time the server's processes have used so far (user and system, all their threads, and the children
-        they have reaped: a worker's journal compactions): what a run cost the server, as a difference."""
+        they have reaped): what a run cost the server, as a difference."""
         return sum(process_cpu(pid) for pid in self.pids())
 
     def rss(self) -> int:

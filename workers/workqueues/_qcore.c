@@ -524,6 +524,133 @@ fail:
 #define FLAT_DEPTH 64
 #define FLAT_KEEP (1 << 22)   /* the scratch buffer is kept between calls up to this size */
 
+/* A pushcol record can carry message m: an id of `width` ASCII characters, no dead letter's reason, source or
+ * redrive.  -1 with an exception if m is not a message tuple. */
+static int carried(PyObject *m, Py_ssize_t width)
+{
+    if (!PyTuple_Check(m) || PyTuple_GET_SIZE(m) != 9) {
+        PyErr_SetString(PyExc_TypeError, "a message is a tuple of 9");
+        return -1;
+    }
+    PyObject *id = PyTuple_GET_ITEM(m, 1), *reason = PyTuple_GET_ITEM(m, 6), *source = PyTuple_GET_ITEM(m, 7),
+             *redriven = PyTuple_GET_ITEM(m, 8);
+    return PyUnicode_CheckExact(id) && PyUnicode_IS_ASCII(id) && PyUnicode_GET_LENGTH(id) == width
+        && PyUnicode_CheckExact(reason) && PyUnicode_GET_LENGTH(reason) == 0
+        && PyUnicode_CheckExact(source) && PyUnicode_GET_LENGTH(source) == 0
+        && PyLong_CheckExact(redriven) && PyObject_Not(redriven) == 1;
+}
+
+/* The pushcol record of messages[a:b], a run that `carried` each of. */
+static PyObject *pushcol(PyObject *messages, Py_ssize_t a, Py_ssize_t b, Py_ssize_t width)
+{
+    PyObject *first = PyList_GET_ITEM(messages, a);
+    PyObject *ids = PyUnicode_New((b - a) * width, 127), *datas = PyList_New(b - a), *record = NULL;
+    if (ids != NULL && datas != NULL) {
+        Py_UCS1 *out = PyUnicode_1BYTE_DATA(ids);
+        for (Py_ssize_t i = a; i < b; i++) {
+            PyObject *m = PyList_GET_ITEM(messages, i);
+            memcpy(out + (i - a) * width, PyUnicode_1BYTE_DATA(PyTuple_GET_ITEM(m, 1)), (size_t)width);
+            PyList_SET_ITEM(datas, i - a, Py_NewRef(PyTuple_GET_ITEM(m, 3)));
+        }
+        record = Py_BuildValue("(sOOOOOOO)", "pushcol", Py_None, PyTuple_GET_ITEM(first, 0), ids,
+                               PyTuple_GET_ITEM(first, 2), datas, PyTuple_GET_ITEM(first, 4),
+                               PyTuple_GET_ITEM(first, 5));
+    }
+    Py_XDECREF(ids);
+    Py_XDECREF(datas);
+    return record;
+}
+
+/* Append to records the pushes record of messages[a:b] (none if empty). */
+static int pushes(PyObject *records, PyObject *messages, Py_ssize_t a, Py_ssize_t b)
+{
+    if (a == b)
+        return 0;
+    PyObject *odd = PyList_GetSlice(messages, a, b);
+    PyObject *record = odd == NULL ? NULL : Py_BuildValue("(sOOO)", "pushes", Py_None, odd, Py_None);
+    int err = record == NULL || PyList_Append(records, record) < 0;
+    Py_XDECREF(odd);
+    Py_XDECREF(record);
+    return err ? -1 : 0;
+}
+
+/* A run, messages[run:i], ends: a pushcol record if it is at least `least` long (after a pushes record of
+ * messages[*pending:run]), else it stays pending. */
+static int end_run(PyObject *records, PyObject *messages, Py_ssize_t *pending, Py_ssize_t run, Py_ssize_t i,
+                   Py_ssize_t width, Py_ssize_t least)
+{
+    if (run < 0 || i - run < least)
+        return 0;
+    if (pushes(records, messages, *pending, run) < 0)
+        return -1;
+    PyObject *record = pushcol(messages, run, i, width);
+    int err = record == NULL || PyList_Append(records, record) < 0;
+    Py_XDECREF(record);
+    *pending = i;
+    return err ? -1 : 0;
+}
+
+/* snapshot_pushes(messages, width, least) -> records.  What is not yet in a record is always one slice,
+ * messages[pending:i]: the pending ones, then the open run (from `run`).  The list's items are read as they are:
+ * nothing here runs Python code (the comparisons are of ints, which the tuples keep alive). */
+static PyObject *snapshot_pushes(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyList_Check(args[0]) || !PyLong_Check(args[1]) || !PyLong_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "snapshot_pushes(messages, width, least)");
+        return NULL;
+    }
+    PyObject *messages = args[0];
+    Py_ssize_t width = PyLong_AsSsize_t(args[1]), least = PyLong_AsSsize_t(args[2]), n = PyList_GET_SIZE(messages);
+    if ((width == -1 || least == -1) && PyErr_Occurred())
+        return NULL;
+    if (width < 0) {
+        PyErr_SetString(PyExc_ValueError, "width must not be negative");
+        return NULL;
+    }
+    PyObject *records = PyList_New(0);
+    if (records == NULL)
+        return NULL;
+    Py_ssize_t pending = 0, run = -1;   /* the open run's first (-1: none) */
+    long long next = 0;                 /* the sequence number the open run takes next */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *m = PyList_GET_ITEM(messages, i);
+        int ok = carried(m, width);
+        if (ok < 0)
+            goto fail;
+        long long seq = 0;
+        if (ok) {
+            seq = PyLong_AsLongLong(PyTuple_GET_ITEM(m, 0));
+            if (seq == -1 && PyErr_Occurred())
+                goto fail;
+        }
+        if (run >= 0) {
+            PyObject *first = PyList_GET_ITEM(messages, run);
+            int same = ok && seq == next;
+            for (int k = 2; same > 0 && k <= 5; k += k == 2 ? 2 : 1)   /* kind, priority, enqueued */
+                same = PyObject_RichCompareBool(PyTuple_GET_ITEM(m, k), PyTuple_GET_ITEM(first, k), Py_EQ);
+            if (same < 0)
+                goto fail;
+            if (same) {
+                next++;
+                continue;
+            }
+            if (end_run(records, messages, &pending, run, i, width, least) < 0)
+                goto fail;
+            run = -1;
+        }
+        if (ok) {
+            run = i;
+            next = seq + 1;
+        }
+    }
+    if (end_run(records, messages, &pending, run, n, width, least) < 0 || pushes(records, messages, pending, n) < 0)
+        goto fail;
+    return records;
+fail:
+    Py_DECREF(records);
+    return NULL;
+}
+
 static PyObject *marshal_dumps;   /* marshal.dumps, for what flat() leaves to it */
 static out_buf scratch;
 
@@ -684,6 +811,8 @@ static PyMethodDef methods[] = {
      "store_run(store, seq, ids, kind, datas, priority, wall) -> size: see workers/workqueues/purecore.py"},
     {"store_put", (PyCFunction)(void (*)(void))store_put, METH_FASTCALL,
      "store_put(store, messages) -> size: see workers/workqueues/purecore.py"},
+    {"snapshot_pushes", (PyCFunction)(void (*)(void))snapshot_pushes, METH_FASTCALL,
+     "snapshot_pushes(messages, width) -> records: see workers/workqueues/purecore.py"},
     {"flat_dumps", flat_dumps, METH_O, "flat_dumps(obj) -> bytes: see workers/workqueues/purecore.py"},
     {NULL, NULL, 0, NULL},
 };

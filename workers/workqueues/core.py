@@ -17,5 +17,6 @@ delivered = _impl.delivered
 ack_run = _impl.ack_run
 render_deliveries = _impl.render_deliveries
 flat_dumps = _impl.flat_dumps
+snapshot_pushes = _impl.snapshot_pushes
 store_run = _impl.store_run
 store_put = _impl.store_put

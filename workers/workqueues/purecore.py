@@ -21,6 +21,11 @@ business (``model``, ``ndjson_ops``); these functions are its inner loops, with 
   sequence number.  -> their data's bytes.  The compiled one untracks them as ``store_run`` does.  That matters
   more than for ``store_run``'s: one tracked tuple put in the store makes the collector track the whole dict
   again, and its next pass walks every queued message (40 ms with a million queued) before untracking it.
+- ``snapshot_pushes``: message tuples, in the order of their sequence numbers, as the journal records that store
+  them again: each run of consecutive numbers with one kind, priority and time whose ids are ``width`` ASCII
+  characters and that carry nothing of a dead letter is one ``pushcol`` record (as a run of pushes makes it: a
+  third less to encode than the tuples, and a fifth fewer bytes) if it is at least ``least`` long; the others,
+  in runs, ``pushes`` records.
 - ``flat_dumps``: ``obj`` in marshal's format 4, as the journal stores its records; ``marshal.loads`` gives back
   an equal object of the same types from both.  The compiled one writes no back-references (it is otherwise
   marshal's output byte for byte): marshal enters each object held elsewhere too in a table for them, which cost
@@ -118,6 +123,51 @@ def store_put(store: dict, messages: list) -> int:
         size += len(m[3])
         store[m[0]] = m
     return size
+
+
+def snapshot_pushes(messages: list, width: int, least: int) -> list:
+    records: list[tuple] = []
+    pending: list[tuple] = []    # messages for a pushes record (odd ones, short runs), unless a long run follows
+    run: list[tuple] = []        # a run that a pushcol may carry, once it is ``least`` long
+    for m in messages:
+        if type(m) is not tuple or len(m) != 9:
+            raise TypeError("a message is a tuple of 9")
+        seq, msg_id, kind, _, priority, enqueued, reason, source, redriven = m
+        if run:
+            first = run[0]
+            if seq == first[0] + len(run) and kind == first[2] and priority == first[4] and enqueued == first[5] \
+                    and _carried(m, width):
+                run.append(m)
+                continue
+            _end_run(records, pending, run, least)
+            run = []
+        if _carried(m, width):
+            run = [m]
+        else:
+            pending.append(m)
+    _end_run(records, pending, run, least)
+    if pending:
+        records.append(("pushes", None, pending, None))
+    return records
+
+
+def _carried(m: tuple, width: int) -> bool:
+    _, msg_id, _, _, _, _, reason, source, redriven = m
+    return type(msg_id) is str and len(msg_id) == width and msg_id.isascii() and type(reason) is str \
+        and not reason and type(source) is str and not source and type(redriven) is int and not redriven
+
+
+def _end_run(records: list, pending: list, run: list, least: int) -> None:
+    """A run ends: a pushcol record if it is long enough (after one for what was pending), else it is pending."""
+    if not run or len(run) < least:
+        pending.extend(run)
+        return
+    if pending:
+        records.append(("pushes", None, pending[:], None))
+        pending.clear()
+    first = run[0]
+    records.append(("pushcol", None, first[0], "".join([m[1] for m in run]), first[2], [m[3] for m in run],
+                    first[4], first[5]))
 
 
 def render_deliveries(messages: list, kind_json: int, render: Callable[[tuple], bytes]) -> bytes:
