@@ -659,6 +659,50 @@ def test_batch_records_replay_to_the_same_queue(tmp_path):
     asyncio.run(run())
 
 
+def test_rows_of_single_pushes_replay_together_to_the_same_queues(tmp_path, monkeypatch):
+    """A replay stores a row of plain single pushes to one queue with one ``_store`` (as a batch push), and what
+    breaks a row (another queue, a delay, a token, a dead letter's deliveries, a lease, a commit) is applied in
+    its place: the queues come back as they were."""
+    import asyncio
+    import time
+
+    from workers.workqueues import model
+    from workers.workqueues.shard import Shard
+
+    path = str(tmp_path / "q.journal")
+
+    async def run():
+        shard = Shard(0, Settings(), Journal(path), lambda: None, 256)
+        shard.replay()
+        jobs, mail = shard.queue("jobs"), shard.queue("mail")
+        now, wall = time.monotonic_ns(), time.time_ns()
+        for i in range(30):
+            q = mail if i % 10 == 9 else jobs
+            q.push(i % 2, b"m%d" % i, (i // 3) % 10, now, wall + i, 60_000 if i == 14 else 0,
+                   token=(7, i) if i == 17 else None)
+            if i == 20:
+                jobs.lease(now, 2, 30_000, None)
+            if i == 23:
+                jobs.push(0, b"dead", 4, now, wall, 0, msg_id="x" * 16, deliveries=3, reason="max_deliveries",
+                          source="jobs", redriven=1)
+            if i % 8 == 0:
+                shard.journal.commit()
+        shard.journal.commit()
+        live = {name: _state(q) for name, q in shard.queues.items()}
+        stores = []
+        store = model.Queue._store
+        monkeypatch.setattr(model.Queue, "_store", lambda self, messages, ready_ats: (
+            stores.append(len(messages)), store(self, messages, ready_ats))[-1])
+        replayed = Shard(0, Settings(), Journal(path), lambda: None, 256)
+        replayed.replay()
+        assert {name: _state(q) for name, q in replayed.queues.items()} == live
+        assert replayed.queue("jobs").tokens.get((7, 17)) == jobs.tokens.get((7, 17)) is not None   # its token
+        assert sum(stores) == 31 and max(stores) > 4 and len(stores) < 20   # rows, not a store per push
+        replayed.journal.close()
+
+    asyncio.run(run())
+
+
 def test_a_snapshot_rebuilds_the_queue_as_it_was_when_taken(tmp_path, monkeypatch):
     """A compaction while serving writes its batches over many turns: they rebuild the queue as it was when the
     snapshot was taken, whatever it did meanwhile.  Visible messages never leased are ``pushcol`` records where

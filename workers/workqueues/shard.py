@@ -780,15 +780,27 @@ class Shard:
         and whatever fell due while the worker was down is handled now.  -> records replayed."""
         count = 0
         clock = None
+        run_name, run = "", []   # plain single pushes in a row to one queue, stored together (as ``pushes``)
         for name, record in self.journal.replay():
             count += 1
+            # A push with no delay, no deliveries and no token is its message tuple stored, and a row of them (to
+            # one queue, numbers rising, as pushes journal them) is a batch push's: one ``_store`` for the row
+            # instead of one per record, which was most of a journal of single pushes' replay time.
+            if record[0] == "push" and len(record) == 13 and not record[7] and not record[8] \
+                    and record[12] is None and type(record[4]) is bytes and name:
+                if name != run_name or (run and record[1] <= run[-1][0]):
+                    self._replay_record(run_name, ("pushes", None, run, None))
+                    run_name, run = name, []
+                run.append(record[1:7] + record[9:12])
+                continue
+            if run:
+                self._replay_record(run_name, ("pushes", None, run, None))
+                run_name, run = "", []
             if not name:  # the shard's own: the clock the deadlines were taken on
                 clock = record if record[0] == "clock" else clock
                 continue
-            try:
-                self.queue(name).apply(record)
-            except (KeyError, ValueError, TypeError) as exc:
-                log.error("journal record %r of queue %r not applicable (%s); skipped", record[:2], name, exc)
+            self._replay_record(name, record)
+        self._replay_record(run_name, ("pushes", None, run, None))
         if clock is not None and clock[1] != _boot_id():
             self._rebase(clock)
         now = time.monotonic_ns()
@@ -813,6 +825,14 @@ class Shard:
         else:
             self.journal.append("", _clock())
         return count
+
+    def _replay_record(self, name: str, record: tuple) -> None:
+        if record[0] == "pushes" and not record[2]:
+            return
+        try:
+            self.queue(name).apply(record)
+        except (KeyError, ValueError, TypeError) as exc:
+            log.error("journal record %r of queue %r not applicable (%s); skipped", record[:2], name, exc)
 
     def _rebase(self, clock: tuple) -> None:
         """The journal was written before a reboot (a kept ``data_dir``): its monotonic deadlines mean nothing
