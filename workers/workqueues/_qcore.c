@@ -812,7 +812,7 @@ static PyMethodDef methods[] = {
     {"store_put", (PyCFunction)(void (*)(void))store_put, METH_FASTCALL,
      "store_put(store, messages) -> size: see workers/workqueues/purecore.py"},
     {"snapshot_pushes", (PyCFunction)(void (*)(void))snapshot_pushes, METH_FASTCALL,
-     "snapshot_pushes(messages, width) -> records: see workers/workqueues/purecore.py"},
+     "snapshot_pushes(messages, width, least) -> records: see workers/workqueues/purecore.py"},
     {"flat_dumps", flat_dumps, METH_O, "flat_dumps(obj) -> bytes: see workers/workqueues/purecore.py"},
     {NULL, NULL, 0, NULL},
 };

@@ -62,7 +62,7 @@ D_ID, D_RECEIPT, D_KIND, D_DATA, D_DELIVERIES, D_PRIORITY, D_ENQUEUED, D_REASON,
 _LIMBO = -1                      # delay_at of a journal snapshot's leased message until its lease record
 SNAPSHOT_RUN = 1024              # messages in a batch of a journal snapshot (one step of a rewrite while serving)
 SNAPSHOT_BYTES = 1 << 20         # ... or about this much of their data
-SNAPSHOT_PUSHCOL = 8             # a run of messages pushed together as short as this is a pushcol record again
+SNAPSHOT_PUSHCOL = 8             # runs of messages pushed together this long or longer: pushcol records
 
 
 def _append_run(fifo: collections.deque[range], run: range) -> None:
@@ -960,8 +960,8 @@ def _snapshot_batches(messages: list[tuple], leased: dict, leases: dict, deliver
                       ) -> Iterator[list[tuple]]:
     """``Queue.snapshot``'s batches.  A batch of visible messages never leased, in the order of their numbers (as
     the store holds them), is stored as pushes store them: ``pushcol`` records for its runs of one kind, priority
-    and time (messages pushed together), ``pushes`` records for the rest (``core.snapshot_pushes``); any other has a ``push`` record per
-    message (a leased one as in no heap, then its lease)."""
+    and time (messages pushed together), ``pushes`` records for the rest (``core.snapshot_pushes``); any other
+    has a ``push`` record per message (a leased one as in no heap, then its lease)."""
     special = leased.keys() | deliveries.keys() | delay_at.keys()
     data_of, seq_of = operator.itemgetter(DATA), operator.itemgetter(SEQ)
     i = 0

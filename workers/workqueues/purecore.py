@@ -132,7 +132,7 @@ def snapshot_pushes(messages: list, width: int, least: int) -> list:
     for m in messages:
         if type(m) is not tuple or len(m) != 9:
             raise TypeError("a message is a tuple of 9")
-        seq, msg_id, kind, _, priority, enqueued, reason, source, redriven = m
+        seq, _, kind, _, priority, enqueued = m[:6]
         if run:
             first = run[0]
             if seq == first[0] + len(run) and kind == first[2] and priority == first[4] and enqueued == first[5] \
