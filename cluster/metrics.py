@@ -87,6 +87,10 @@ _WORKER_COUNTERS = (
      "Work-queue pushes and receives refused (journal_unavailable): the queue journal could not be written."),
     ("journal_compactions", "shardbroker_workqueue_journal_compactions",
      "Work-queue journal rewrites as the live state (compactions) put in place."),
+    ("queues_refused", "shardbroker_workqueue_too_many_queues_refusals",
+     "Work-queue pushes and long polls refused (too_many_queues): the worker held queues.max_queues_per_worker."),
+    ("queues_forgotten", "shardbroker_workqueue_queues_forgotten",
+     "Work queues forgotten after queues.forget_idle empty and untouched."),
 )
 _WORKER_GAUGES = (
     ("connections", "shardbroker_connections", "Client connections open.", ""),

@@ -1,8 +1,10 @@
 """Work queues (docs/queues.md) over NDJSON, against the real broker: two workers, and queues placed on purpose on
 the worker the client is not on (a queue's owner is crc32(name) % workers; ``<q>.dlq`` lives with ``<q>``)."""
 
+import asyncio
 import base64
 import itertools
+import json
 import os
 import time
 import zlib
@@ -450,6 +452,48 @@ def test_queue_full(start_broker):
     assert req(conn, "qpush", queue=qb, data="y" * 30)["error"] == "queue_full"
     push(conn, qb, "y" * 22)                               # 24 bytes: 1024 exactly
     assert stat(conn, qb)["bytes"] == 1024
+
+
+def test_a_worker_holds_a_bounded_number_of_queues_and_forgets_idle_ones(start_broker):
+    """``max_queues_per_worker``: a push or a long poll that would make one queue too many is refused, and nothing
+    else is (a receive that does not wait makes no queue); a queue empty, unwaited and untouched for
+    ``forget_idle`` is forgotten, which makes room; a configured queue and a queue with a waiter are kept."""
+    b = start_broker(workers=1, config={"queues": {"max_queues_per_worker": 5, "forget_idle": 1,
+                                                   "queues": [{"name": "kept"}]}})
+    conn, waiting = on_worker(b.port, 0), on_worker(b.port, 0)
+    for name in ("a", "b", "c"):
+        push(conn, name, name)
+    waiting.send(b'{"op":"qrecv","queue":"w","wait_ms":30000}\n')   # kept, a, b, c, w: five
+    wait_for(lambda: "w" in {row["queue"] for row in b.http("/queuez")[1]["queues"]}, what="w's waiter")
+    full = {"ok": False, "error": "too_many_queues", "max": 5}
+    assert req(conn, "qpush", queue="d", data=1) == full
+    assert req(conn, "qrecv", queue="e", wait_ms=100) == full
+    assert recv(conn, "e") == []                                         # no wait: nothing to make a queue for
+    assert stat(conn, "e")["messages"] == 0
+    assert req(conn, "qrecv", queue="e", max=0)["error"] == "invalid_max"    # the request is checked all the same
+    push(conn, "a", "again")                                             # existing queues take pushes
+    (m1, m2) = recv(conn, "a", max=2)
+    assert req(conn, "qack", queue="a", receipts=[m1["receipt"], m2["receipt"]])["ok"]
+
+    def names() -> set:
+        return {row["queue"] for row in b.http("/queuez")[1]["queues"]}
+    wait_for(lambda: "a" not in names(), timeout=8, what="the idle queue forgotten")
+    assert names() == {"kept", "b", "c", "w"}
+    assert stat(conn, "a") == {**stat(conn, "zz"), "queue": "a"}          # reads as a name never used
+    push(conn, "d", "room")                                              # the room it left
+    assert req(conn, "qpush", queue="f", data=1) == full
+    push(conn, "w", "for the waiter")
+    assert [m["data"] for m in waiting.json()["messages"]] == ["for the waiter"]
+
+    async def over_nats():   # the same answer on every protocol
+        import nats
+        nc = await nats.connect(f"nats://127.0.0.1:{b.ports['nats']}")
+        reply = json.loads((await nc.request("$Q.PUSH.f", b"1")).data)
+        await nc.close()
+        return reply
+    assert asyncio.run(over_nats()) == full
+    (worker,) = b.varz()["workers"]
+    assert (worker["workqueues"], worker["queues_refused"], worker["queues_forgotten"]) == (5, 4, 1)
 
 
 def test_message_too_large(start_broker):

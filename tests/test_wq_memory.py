@@ -200,3 +200,34 @@ def test_served_long_polls_leave_the_due_heap():
         deadlines = {w.deadline for w in s.waiters["jobs"]}
         assert deadlines <= {when for when, name in s._due if name == "jobs"}
     asyncio.run(body())
+
+
+def test_a_shard_forgets_a_queue_only_after_a_whole_sweep_without_anything_done_to_it():
+    """Queues named by clients would otherwise stay for ever (~12 KB each, empty).  A sweep forgets the empty,
+    unwaited, unconfigured queues that the sweep before found so and that did nothing since; a queue used in
+    between (a push and its ack leave it empty again), one with a waiter, and a configured one are kept."""
+    async def body():
+        s = Shard(0, Settings(), Journal(None), lambda: None, 256, {"kept": Settings()}, max_queues=10)
+        box: list = []
+
+        def cycle(name: str) -> None:   # a push, its receive and its ack: empty again, but used
+            s.handle("push", {"queue": name, "data": b"x"}, (0, 1), box.append)
+            s.handle("recv", {"queue": name, "max": 1}, (0, 1), box.append)
+            s.commit()
+            s.handle("ack", {"queue": name, "receipt": box[-1]["messages"][0][D_RECEIPT]}, (0, 1), box.append)
+            s.commit()
+        s.queue("kept")
+        for name in ("busy", "idle", "full"):
+            cycle(name)
+        s.handle("push", {"queue": "full", "data": b"x"}, (0, 1), box.append)
+        s.handle("recv", {"queue": "waited", "max": 1, "wait_ms": 300_000}, (0, 2), box.append)
+        s._forget_idle()                                  # found idle: busy, idle (not yet forgotten)
+        assert set(s.queues) == {"kept", "busy", "idle", "full", "waited"}
+        cycle("busy")
+        s._forget_idle()                                  # idle did nothing since: forgotten; busy did
+        assert set(s.queues) == {"kept", "busy", "full", "waited"}
+        s._forget_idle()
+        assert set(s.queues) == {"kept", "full", "waited"}
+        cycle("idle")                                     # a name forgotten is free: made anew
+        assert s.queues["idle"].pushed == 1 and s.queues["idle"].acked == 1
+    asyncio.run(body())

@@ -913,6 +913,10 @@ class Hub:
             # the queue journal's size now, and its rewrites as the live state (compactions) since the start
             "journal_bytes": shard.journal.size if shard is not None else 0,
             "journal_compactions": shard.compactions if shard is not None else 0,
+            # the work queues it holds, pushes and long polls refused for making one too many, idle ones forgotten
+            "workqueues": len(shard.queues) if shard is not None else 0,
+            "queues_refused": shard.queues_refused if shard is not None else 0,
+            "queues_forgotten": shard.queues_forgotten if shard is not None else 0,
             "pending_bytes": sum(pending),
             "pending_bytes_max": max(pending, default=0),   # the connection closest to being a slow consumer
             "backpressure_episodes": self.backpressure.episodes,

@@ -91,7 +91,8 @@ def start(index: int, config: "Config", runtime_dir: str, hub: "Hub") -> QueueSe
         log.warning("worker %d: work queues on the pure-Python loops (%s): every queued message costs more CPU",
                     index, core.MISSING)
     defaults, configured = settings(config)
-    shard = Shard(index, defaults, journal, hub.schedule_flush, config.limits.max_topic_length, configured)
+    shard = Shard(index, defaults, journal, hub.schedule_flush, config.limits.max_topic_length, configured,
+                  q.max_queues_per_worker, q.forget_idle)
     replayed = shard.replay()
     if replayed:
         messages = sum(len(queue.messages) for queue in shard.queues.values())

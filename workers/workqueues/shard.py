@@ -58,6 +58,7 @@ _DUE_SLACK = 4096
 JOURNAL_UNAVAILABLE = "journal_unavailable"   # the error of a push or receive undone by a failed journal write
 _RETRY_WRITE_S = 1.0        # a failed journal write is tried again this often while changes wait for it
 _COMPACT_BACKOFF_S = 60.0   # after a failed compaction (a full disk), none is tried for this long
+FORGET_IDLE_S = 600.0       # a queue empty and untouched this long (two sweeps apart) is forgotten (_forget_idle)
 _LOG_EVERY_S = 10.0         # while the journal cannot be written, one log line per this many seconds
 _UNAVAILABLE = {"ok": False, "error": JOURNAL_UNAVAILABLE, "retry": True}
 
@@ -101,10 +102,17 @@ def _int(args: dict, key: str, default: int, lo: int, hi: int) -> int:
 
 class Shard:
     def __init__(self, index: int, settings: Settings, journal: Journal, schedule_flush: Callable[[], None],
-                 max_name: int, configured: dict[str, Settings] | None = None) -> None:
+                 max_name: int, configured: dict[str, Settings] | None = None, max_queues: int = 0,
+                 forget_idle_s: float = FORGET_IDLE_S) -> None:
         self.index = index
         self.settings = settings
         self.configured = configured or {}   # configured queues' own settings
+        self.max_queues = max_queues         # queues a client's push or wait may bring the shard to (0: no bound)
+        self.forget_idle_s = forget_idle_s
+        self._forget_at = time.monotonic() + forget_idle_s   # the next sweep for idle queues (_forget_idle)
+        self._idle: dict[str, tuple] = {}    # queue -> its activity when the last sweep found it idle
+        self.queues_refused = 0              # pushes and long polls refused too_many_queues, since the start
+        self.queues_forgotten = 0            # idle queues forgotten, since the start
         self.journal = journal
         self._schedule_flush = schedule_flush
         self._max_name = max_name
@@ -153,10 +161,27 @@ class Shard:
 
     def _new(self, name: object) -> Queue:
         name = self._valid(name)
+        return Queue(name, self._settings_of(name), self._at, self.journal.append)
+
+    def _settings_of(self, name: str) -> Settings:
+        """The settings queue ``name`` has (or would have once created)."""
         settings = self.configured.get(name, self.settings)
         if is_dlq(name):  # a dead-letter queue never dead-letters: its messages used up their deliveries
             settings = dataclasses.replace(self.configured.get(name[:-len(DLQ_SUFFIX)], settings), max_deliveries=0)
-        return Queue(name, settings, self._at, self.journal.append)
+        return settings
+
+    def _opened(self, name: object) -> Queue:
+        """The queue a client's push or long poll names, created if new while the shard holds fewer than
+        ``max_queues`` (a client may name any number of queues, and an empty one costs ~4.5 KB); what the broker
+        creates itself (a dead-letter queue, a configured queue, a replay) is never refused."""
+        q = self.queues.get(name) if type(name) is str else None
+        if q is not None:
+            return q
+        if self.max_queues and len(self.queues) >= self.max_queues:
+            self._valid(name)
+            self.queues_refused += 1
+            raise QueueError("too_many_queues", max=self.max_queues)
+        return self.queue(name)
 
     def _at(self, when: int, q: Queue) -> None:
         heapq.heappush(self._due, (when, q.name))
@@ -424,9 +449,7 @@ class Shard:
     # -- operations -----------------------------------------------------------------------------------------
     def _pushed_to(self, args: dict) -> Queue:
         """The queue a push names, created if new (a name that cannot be a queue's raises in ``queue``)."""
-        name = args.get("queue")
-        q = self.queues.get(name) if type(name) is str else None
-        return q if q is not None else self.queue(name)
+        return self._opened(args.get("queue"))
 
     @staticmethod
     def _token(args: dict) -> tuple | None:
@@ -571,11 +594,17 @@ class Shard:
         return {"ok": True, "id": msg_id}
 
     def _recv(self, args: dict, holder: tuple, reply: Reply) -> dict | None:
-        q = self.queue(args.get("queue"))
+        name = args.get("queue")
+        q = self._look_up(name)
+        settings = q.settings if q is not None else self._settings_of(name)
         count = _int(args, "max", 1, 1, MAX_BATCH)
         wait = _int(args, "wait_ms", 0, 0, MAX_WAIT_MS)
-        visibility = _int(args, "visibility_ms", q.settings.visibility_ms, 0, q.settings.max_visibility_ms)
+        visibility = _int(args, "visibility_ms", settings.visibility_ms, 0, settings.max_visibility_ms)
         release = bool(args.get("release_on_close", False))
+        if q is None:   # nothing to receive: only a long poll makes the queue exist, to wait in
+            if not wait:
+                return {"ok": True, "messages": []}
+            q = self._opened(name)
         now = time.monotonic_ns()
         if q.name in self._wake:   # waiters that arrived earlier are served first: arrival order, all workers
             del self._wake[q.name]
@@ -917,17 +946,41 @@ class Shard:
                   getattr(exc, "strerror", None) or exc, _COMPACT_BACKOFF_S)
 
     def tick(self) -> None:
-        """About once a second: fsync per policy, and compact when it pays."""
+        """About once a second: fsync per policy, forget idle queues, and compact when it pays."""
         try:
             self.journal.tick()
         except OSError as exc:
             log.error("work-queue journal: fsync failed: %s", exc.strerror or exc)
+        if time.monotonic() >= self._forget_at:
+            self._forget_idle()
         if time.monotonic() < self._compact_after:
             return
         try:
             self.compact()
         except OSError as exc:   # the old journal is kept as it was (Journal.rewrite)
             self._compaction_failed(exc)
+
+    def _forget_idle(self) -> None:
+        """Forget each queue that was empty, with nobody waiting, at the last sweep (``forget_idle_s`` ago) and
+        has done nothing since: a client may name any number of queues, and an empty one still costs ~4.5 KB.  Its
+        name is free again (a push makes it anew).  A configured queue is kept.  Nothing is journaled: replaying
+        the queue's records rebuilds it empty, and the replacement's own sweeps forget it again.  What it
+        remembered goes with it (receipts acked, push tokens), which it keeps for history.SECONDS anyway."""
+        self._forget_at = time.monotonic() + self.forget_idle_s
+        idle, self._idle = self._idle, {}
+        forgotten = 0
+        for name, q in list(self.queues.items()):
+            if q.messages or q.dead or name in self.waiters or name in self.configured:
+                continue
+            activity = q.activity()
+            if idle.get(name) == activity:
+                del self.queues[name]
+                forgotten += 1
+            else:
+                self._idle[name] = activity
+        if forgotten:
+            self.queues_forgotten += forgotten
+            log.debug("worker %d: forgot %d idle queue(s)", self.index, forgotten)
 
     def stats(self, name: str | None = None) -> list[dict]:
         """``qstat`` of every queue here (or of ``name``), for /queuez."""
