@@ -203,7 +203,7 @@ def test_served_long_polls_leave_the_due_heap():
 
 
 def test_a_shard_forgets_a_queue_only_after_a_whole_sweep_without_anything_done_to_it():
-    """Queues named by clients would otherwise stay for ever (~12 KB each, empty).  A sweep forgets the empty,
+    """Queues named by clients would otherwise stay for ever (~4.5 KB each, empty).  A sweep forgets the empty,
     unwaited, unconfigured queues that the sweep before found so and that did nothing since; a queue used in
     between (a push and its ack leave it empty again), one with a waiter, and a configured one are kept."""
     async def body():
