@@ -703,6 +703,47 @@ def test_rows_of_single_pushes_replay_together_to_the_same_queues(tmp_path, monk
     asyncio.run(run())
 
 
+def test_a_queue_forgotten_and_made_anew_replays_as_it_is(tmp_path):
+    """A forgotten queue leaves no record: its old records replay it empty, and the new queue's records, whose
+    numbers start again from 1, come after them and rebuild what it holds."""
+    import asyncio
+    import time
+
+    from workers.workqueues.shard import Shard
+
+    path = str(tmp_path / "q.journal")
+
+    async def run():
+        shard = Shard(0, Settings(), Journal(path), lambda: None, 256)
+        shard.replay()
+        box: list = []
+        for i in range(3):
+            shard.handle("push", {"queue": "jobs", "data": b"old%d" % i}, (0, 1), box.append)
+        shard.handle("recv", {"queue": "jobs", "max": 3}, (0, 1), box.append)
+        shard.commit()
+        receipts = [m[D_RECEIPT] for m in box[-1]["messages"]]
+        shard.handle("ack", {"queue": "jobs", "receipts": receipts}, (0, 1), box.append)
+        shard.commit()
+        shard._forget_idle()
+        shard._forget_idle()
+        assert "jobs" not in shard.queues
+        for i in range(3):
+            shard.handle("push", {"queue": "jobs", "data": b"new%d" % i}, (0, 1), box.append)
+        shard.handle("recv", {"queue": "jobs", "max": 1}, (0, 1), box.append)
+        shard.commit()
+        live = shard.queues["jobs"]
+        assert sorted(live.messages) == [1, 2, 3]                      # numbered from 1 again
+        replayed = Shard(0, Settings(), Journal(path), lambda: None, 256)
+        replayed.replay()
+        again = replayed.queues["jobs"]
+        assert _state(again)[:6] == _state(live)[:6] and again.bytes == live.bytes   # messages, order, leases
+        replayed.handle("push", {"queue": "jobs", "data": b"next"}, (0, 1), box.append)
+        assert len(again.messages) == 4                                 # a fresh number, nothing overwritten
+        replayed.journal.close()
+
+    asyncio.run(run())
+
+
 def test_a_snapshot_rebuilds_the_queue_as_it_was_when_taken(tmp_path, monkeypatch):
     """A compaction while serving writes its batches over many turns: they rebuild the queue as it was when the
     snapshot was taken, whatever it did meanwhile.  Visible messages never leased are ``pushcol`` records where
