@@ -707,7 +707,6 @@ def test_a_queue_forgotten_and_made_anew_replays_as_it_is(tmp_path):
     """A forgotten queue leaves no record: its old records replay it empty, and the new queue's records, whose
     numbers start again from 1, come after them and rebuild what it holds."""
     import asyncio
-    import time
 
     from workers.workqueues.shard import Shard
 
