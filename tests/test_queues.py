@@ -454,6 +454,38 @@ def test_queue_full(start_broker):
     assert stat(conn, qb)["bytes"] == 1024
 
 
+def test_a_full_dead_letter_queue_stops_pushes_to_its_queue(start_broker):
+    """Dead letters are never dropped nor refused, so a DLQ at its bound (the queue's ``max_messages``) stops
+    pushes to its queue instead: a consumer that ends every lease without an ack cannot grow the two without
+    end.  What the queue held still goes to the DLQ, past its bound; room there lets pushes in again."""
+    b = start_broker(workers=2, config={"queues": {"max_messages": 3, "max_deliveries": 1}})
+    conn, q = cross(b, "dl")
+    dlq = q + ".dlq"
+
+    def nack_all(n: int) -> None:
+        for m in recv(conn, q, max=n):
+            assert req(conn, "qnack", queue=q, receipt=m["receipt"]) == {"ok": True, "state": "dead"}
+    for name in "abc":
+        push(conn, q, name)
+    nack_all(2)
+    push(conn, q, "d")
+    push(conn, q, "e")                                       # the DLQ holds 2 of 3: pushes go on
+    nack_all(3)
+    assert stat(conn, dlq)["messages"] == 5                  # past its bound: nothing a queue held is dropped
+    full = {"ok": False, "error": "queue_full", "retry": True, "dlq": dlq}
+    assert req(conn, "qpush", queue=q, data="f") == full
+    assert req(conn, "qpush", queue=q, messages=[{"data": "f"}, {"data": "g"}]) == full
+    line = json.dumps({"op": "qpush", "queue": q, "data": "f"}).encode() + b"\n"
+    conn.send(line * 2)                                      # pipelined single pushes, the fast path
+    assert [conn.json(), conn.json()] == [full, full]
+    assert stat(conn, q)["rejected"] == 5
+    got = recv(conn, dlq, max=3)
+    assert [m["data"] for m in got] == ["a", "b", "c"]
+    assert req(conn, "qack", queue=dlq, receipts=[m["receipt"] for m in got])["ok"]
+    push(conn, q, "f")                                       # room in the DLQ: pushes again
+    assert [m["data"] for m in recv(conn, q)] == ["f"]
+
+
 def test_a_worker_holds_a_bounded_number_of_queues_and_forgets_idle_ones(start_broker):
     """``max_queues_per_worker``: a push or a long poll that would make one queue too many is refused, and nothing
     else is (a receive that does not wait makes no queue); a queue empty, unwaited and untouched for

@@ -382,6 +382,7 @@ class Queue:
     def __init__(self, name: str, settings: Settings, schedule: Callable[[int, "Queue"], None],
                  journal: Callable[[str, tuple], None]) -> None:
         self.name = name
+        self.dlq_name = "" if is_dlq(name) else name + DLQ_SUFFIX   # where its dead letters go ("": itself)
         self.settings = settings
         self._schedule = schedule        # (monotonic ns, queue): look at this queue again then (the shard's timer)
         self._journal = journal          # (queue name, record)

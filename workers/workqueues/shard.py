@@ -477,6 +477,7 @@ class Shard:
         if type(priority) is not int or not 0 <= priority <= MAX_PRIORITY:
             priority = _int(args, "priority", DEFAULT_PRIORITY, 0, MAX_PRIORITY)
         delay = _int(args, "delay_ms", 0, 0, q.settings.max_delay_ms) if "delay_ms" in args else 0
+        self._check_dead_letters(q, 1)
         q.check_push(len(data))
         now, wall = clock or (time.monotonic_ns(), time.time_ns())
         msg_id = q.push(kind, data, priority, now, wall, delay, token=token)
@@ -531,7 +532,7 @@ class Shard:
                 return None
         total = sum(sizes)
         if not sizes or max(sizes) > s.max_message_bytes or len(q.messages) + len(datas) > s.max_messages \
-                or q.bytes + total > s.max_bytes:
+                or q.bytes + total > s.max_bytes or self._dead_letters_full(q):
             return None
         ids = q.push_data(kind, datas, DEFAULT_PRIORITY, 0, *clock)
         if q.name in self.waiters:
@@ -578,6 +579,7 @@ class Shard:
                     raise QueueError("message_too_large", max=max_size, index=i)
                 sizes.append(size)
                 checked.append((kind, data, p, d))
+        self._check_dead_letters(q, len(sizes))
         q.check_batch(sizes)
         now, wall = time.monotonic_ns(), time.time_ns()
         ids = q.push_many(checked, now, wall, token) if datas is None else \
@@ -585,6 +587,22 @@ class Shard:
         if q.name in self.waiters and q.visible:
             self._wake[q.name] = q
         return {"ok": True, "ids": ids}
+
+    def _dead_letters_full(self, q: Queue) -> str:
+        """The name of ``q``'s DLQ if it is at its bound, else "".  Dead letters are never dropped and never
+        refused, so while the DLQ is full the queue takes no pushes: what the consumers end without an ack can
+        only come from what the queue holds, and the two stay bounded together."""
+        dlq = self.queues.get(q.dlq_name) if q.dlq_name else None
+        if dlq is None:
+            return ""
+        s = dlq.settings
+        return dlq.name if len(dlq.messages) >= s.max_messages or dlq.bytes >= s.max_bytes else ""
+
+    def _check_dead_letters(self, q: Queue, pushes: int) -> None:
+        dlq = self._dead_letters_full(q)
+        if dlq:
+            q.rejected += pushes
+            raise QueueError("queue_full", retry=True, dlq=dlq)
 
     @staticmethod
     def _pushed(q: Queue, msg_id: str, args: dict) -> dict:
