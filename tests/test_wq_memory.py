@@ -89,6 +89,32 @@ def test_the_history_forgets_by_time_and_keeps_each_entry_its_time():
     assert h.pop(older) == "again" and older not in h and len(h) == n - 1
 
 
+def test_a_workers_histories_together_keep_a_budget_dropping_the_oldest_generations_first():
+    """Each history is bounded by its own count, but a worker's many queues only by their rate times the
+    window: ``trim`` drops the oldest generations among them, whichever history holds them, until they hold the
+    budget or less; the newest entries stay, and histories within it are left alone."""
+    t = [0.0]
+    hs = [history.History(limit=1_000_000, seconds=300, clock=lambda: t[0]) for _ in range(5)]
+    for step in range(700):                 # 10 seconds apart, a batch of 10 in each history, time 0 to 6,990 s
+        t[0] = step * 10.0
+        for i, h in enumerate(hs):
+            h.add([(i, step, k) for k in range(10)], step)
+    held = sum(map(len, hs))
+    assert 1_500 <= held <= 3_000            # each: one to two windows' worth, 30 to 60 steps of 10 entries
+    assert history.trim(hs, held) == 0       # within the budget: nothing dropped
+    dropped = history.trim(hs, 1_000)
+    assert 1_000 - 300 < held - dropped <= 1_000   # at most a generation (30 steps of 10) below the budget
+    kept = {(i, step) for i, h in enumerate(hs) for step in range(700) if (i, step, 0) in h}
+    assert all((i, 699) in kept for i in range(5))                     # the newest of each stay
+    gone = {(i, step) for i in range(5) for step in range(700)} - kept
+    # oldest first across the histories: what went is no newer than the oldest generation that stayed
+    assert max(step for _, step in gone) < min(step for _, step in kept) + 30
+    assert len({i for i, _ in gone}) > 1                               # from more than one queue's history
+    t[0] += 1.0
+    hs[0][("set", 1)] = "after"                  # a dropped newer generation starts again
+    assert hs[0][("set", 1)] == "after"
+
+
 def test_the_newest_value_shadows_the_older_generations():
     h = history.History(limit=100)
     for i in range(40):
@@ -230,4 +256,28 @@ def test_a_shard_forgets_a_queue_only_after_a_whole_sweep_without_anything_done_
         assert set(s.queues) == {"kept", "full", "waited"}
         cycle("idle")                                     # a name forgotten is free: made anew
         assert s.queues["idle"].pushed == 1 and s.queues["idle"].acked == 1
+    asyncio.run(body())
+
+
+def test_a_shards_tick_keeps_its_queues_histories_within_the_budget(monkeypatch):
+    monkeypatch.setattr(shard_mod, "HISTORY_BUDGET", 500)
+
+    async def body():
+        s = Shard(0, Settings(), Journal(None), lambda: None, 256)
+        box: list = []
+        for i in range(2_000):   # pushes from another worker (with tokens), each received and acked
+            name = f"q{i % 20}"
+            s.handle("push", {"queue": name, "data": b"x", "token": [1, 7, i]}, (1, 7), box.append)
+            s.handle("recv", {"queue": name, "max": 1}, (0, 1), box.append)
+            s.commit()
+            s.handle("ack", {"queue": name, "receipt": box[-1]["messages"][0][D_RECEIPT]}, (0, 1), box.append)
+            s.commit()
+
+        def held() -> int:
+            return sum(len(h) for q in s.queues.values() for h in (q._recent, q._acks, q.tokens))
+        assert held() == 4_000           # a token and an acked receipt each, far within each queue's own bound
+        s.tick()
+        assert 0 < held() <= 500
+        last = s.queues["q19"]
+        assert last.tokens.get((1, 7, 1999)) is not None   # the newest stay
     asyncio.run(body())

@@ -6,7 +6,9 @@ Kept for a time, not for ever: memory must follow the rate of messages, not how 
 generations of plain dicts: entries go into the newer, and when it is ``seconds`` old (or holds half of ``limit``)
 it becomes the older and the older one is dropped whole.  So every entry is remembered for at least ``seconds``
 unless ``limit`` entries came after it, and the whole holds at most ``limit`` and about twice ``seconds`` worth of
-traffic, without a timestamp per entry.
+traffic, without a timestamp per entry.  A worker's queues together are held to a budget as well (``trim``, the
+shard's ``HISTORY_BUDGET``): traffic spread over many queues is within each one's ``limit``, and would otherwise
+be bounded only by its rate times ``seconds``.
 
 Remembered in batches, looked up rarely: nearly every acked receipt is never named again, so ``add`` keeps a
 batch's keys as the list they came in (one append), and a generation's batches become dict entries only when
@@ -20,6 +22,7 @@ an unknown receipt looks in; the other fates (a lease lost to its deadline, purg
 
 from __future__ import annotations
 
+import heapq
 import time
 
 SECONDS = 300.0      # at least this long: as SQS's deduplication interval; a crash's resend comes within seconds
@@ -30,13 +33,13 @@ _MISSING = object()
 
 class History:
     __slots__ = ("limit", "seconds", "_new", "_old", "_new_batches", "_old_batches", "_new_batched", "_old_batched",
-                 "_since", "_clock")
+                 "_since", "_old_since", "_clock")
 
     def __init__(self, limit: int = LIMIT, seconds: float = SECONDS, clock=time.monotonic) -> None:
         self.limit = limit
         self.seconds = seconds
         self._clock = clock
-        self._since = clock()
+        self._since = self._old_since = clock()   # when the newer (older) generation began
         self.clear()
 
     def _room(self, n: int) -> None:
@@ -44,7 +47,23 @@ class History:
         if len(self._new) + self._new_batched + n > self.limit // 2 or self._clock() - self._since >= self.seconds:
             self._old, self._old_batches, self._old_batched = self._new, self._new_batches, self._new_batched
             self._new, self._new_batches, self._new_batched = {}, [], 0
-            self._since = self._clock()
+            self._old_since, self._since = self._since, self._clock()
+
+    def oldest(self) -> float:
+        """When the oldest generation holding anything began (``drop_oldest`` drops it)."""
+        return self._old_since if self._old or self._old_batched else self._since
+
+    def drop_oldest(self) -> int:
+        """Forget the older generation, or the newer one if the older is empty: what a worker does when all its
+        queues' histories together hold more than it allows (``trim``).  -> entries dropped."""
+        if self._old or self._old_batched:
+            n = len(self._old) + self._old_batched
+            self._old, self._old_batches, self._old_batched = {}, [], 0
+            return n
+        n = len(self._new) + self._new_batched
+        self._new, self._new_batches, self._new_batched = {}, [], 0
+        self._since = self._clock()
+        return n
 
     def _settle_new(self) -> None:
         """The newer generation's batches into its dict, oldest first (they are all newer than what the dict
@@ -117,6 +136,26 @@ class History:
         self._new_batches: list = []   # (keys, value, width) that ``add`` kept, not yet in the dict: newer than it
         self._old_batches: list = []
         self._new_batched = self._old_batched = 0   # keys in those batches
+
+
+def trim(histories: list[History], budget: int) -> int:
+    """Drop the oldest generations among ``histories`` until they hold ``budget`` entries or fewer: each queue's
+    are bounded by ``LIMIT``, but a worker's many queues together only by their rate times ``SECONDS``.  So the
+    time each is kept shrinks, oldest first, whichever queue it is in, once a worker's traffic fills the budget
+    within ``SECONDS``.  -> entries dropped."""
+    held = sum(map(len, histories))
+    if held <= budget:
+        return 0
+    heap = [(h.oldest(), i) for i, h in enumerate(histories) if len(h)]
+    heapq.heapify(heap)
+    dropped = 0
+    while held - dropped > budget and heap:
+        _, i = heapq.heappop(heap)
+        h = histories[i]
+        dropped += h.drop_oldest()
+        if len(h):
+            heapq.heappush(heap, (h.oldest(), i))
+    return dropped
 
 
 def _settle(gen: dict, batches: list) -> None:

@@ -30,6 +30,7 @@ from typing import Callable, Iterator
 from router.subjects import is_valid_literal
 from workers.message import KIND_JSON
 
+from . import history
 from .journal import Journal
 from .model import (D_RECEIPT, DLQ_SUFFIX, ENQUEUED, ID, KIND, MAX_PRIORITY, MS, PRIORITY, REDRIVEN, SOURCE, DATA,
                     Queue, QueueError, Settings, canonical_receipt, is_dlq, pushed_seqs,
@@ -59,6 +60,10 @@ JOURNAL_UNAVAILABLE = "journal_unavailable"   # the error of a push or receive u
 _RETRY_WRITE_S = 1.0        # a failed journal write is tried again this often while changes wait for it
 _COMPACT_BACKOFF_S = 60.0   # after a failed compaction (a full disk), none is tried for this long
 FORGET_IDLE_S = 600.0       # a queue empty and untouched this long (two sweeps apart) is forgotten (_forget_idle)
+# Entries all of a worker's queues' histories (acked receipts, other ends of leases, push tokens) may hold together:
+# 70-130 B each, so ~70-130 MB; past it the oldest go first (history.trim), whichever queue they are in.
+HISTORY_BUDGET = 1_000_000
+_TRIM_EVERY_S = 10.0        # how often they are counted (~1.4 ms a 1,000 queues): the budget passed for 10 s at most
 _LOG_EVERY_S = 10.0         # while the journal cannot be written, one log line per this many seconds
 _UNAVAILABLE = {"ok": False, "error": JOURNAL_UNAVAILABLE, "retry": True}
 
@@ -111,6 +116,7 @@ class Shard:
         self.forget_idle_s = forget_idle_s
         self._forget_at = time.monotonic() + forget_idle_s   # the next sweep for idle queues (_forget_idle)
         self._idle: dict[str, tuple] = {}    # queue -> its activity when the last sweep found it idle
+        self._trim_at = 0.0                  # when the queues' histories are next held to HISTORY_BUDGET
         self.queues_refused = 0              # pushes and long polls refused too_many_queues, since the start
         self.queues_forgotten = 0            # idle queues forgotten, since the start
         self.journal = journal
@@ -971,6 +977,9 @@ class Shard:
             log.error("work-queue journal: fsync failed: %s", exc.strerror or exc)
         if time.monotonic() >= self._forget_at:
             self._forget_idle()
+        if time.monotonic() >= self._trim_at:
+            self._trim_at = time.monotonic() + _TRIM_EVERY_S
+            history.trim([h for q in self.queues.values() for h in (q._recent, q._acks, q.tokens)], HISTORY_BUDGET)
         if time.monotonic() < self._compact_after:
             return
         try:
