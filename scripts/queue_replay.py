@@ -113,13 +113,7 @@ async def replay(path: str, no_gc: bool = False) -> dict:
     # the compaction that follows a replay, a batch a turn while the worker serves (Shard._rewrite_step): here
     # every step at once
     t0 = time.perf_counter()
-    journal = shard.journal
-    while journal.rewriting:
-        if journal.rewrite_step():
-            flush = journal.rewrite_flush()   # the shard's is in a thread
-            if flush is not None:
-                flush()
-            journal.finish_rewrite()
+    shard.journal.complete_rewrite()
     compaction_s = time.perf_counter() - t0
     messages = sum(len(q.messages) for q in shard.queues.values())
     shard.journal.close()

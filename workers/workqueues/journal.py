@@ -42,10 +42,11 @@ byte offset and truncates the file there, so records appended afterwards follow 
 cleanly.  Anything after a corrupt record is dropped with it (records depend on the ones before them, so a queue
 cannot be rebuilt from a journal with a hole in it).
 
-Compaction.  ``rewrite`` writes the live state, given as batches of records (each written as one batch record), to
-``<path>.tmp``, fsyncs it, and renames it over the journal (``os.replace``: atomic, a crash leaves either the old
-journal or the new one), then appends to the new file.  That stops the owner's event loop for as long as the writing
-takes, so while the broker serves, compaction goes a batch at a time between the owner's other work:
+Compaction.  A rewrite writes the live state, given as batches of records (each written as one batch record), to
+``<path>.rewrite-<pid>``, flushes it, and renames it over the journal (``os.replace``: atomic, a crash leaves either
+the old journal or the new one), then appends to the new file.  ``rewrite`` does it all at once (at start); that
+stops the owner's event loop for as long as the writing takes, so while the broker serves, compaction goes a batch
+at a time between the owner's other work:
 ``start_rewrite`` is given the state as it was at a commit (the queues hand over their messages, tuples that never
 change, and copies of what does: ``model.Queue.snapshot``) and opens ``<path>.rewrite-<pid>``; each ``rewrite_step``
 writes one batch while the owner goes on appending to the journal (then the file is flushed in another thread:
@@ -86,7 +87,7 @@ _unpack_header = _HEADER.unpack_from
 _dumps = core.flat_dumps
 _loads = marshal.loads
 _crc32 = zlib.crc32
-_CHUNK = 1 << 20                     # replay reads, rewrite writes, this much at a time
+_CHUNK = 1 << 20                     # replay, and a rewrite catching up with the journal, read this much at a time
 # Indirections the tests replace (partial writes, failing disks, a fake clock).
 _write = os.write
 _sync = getattr(os, "fdatasync", os.fsync)
@@ -298,37 +299,33 @@ class Journal:
     # -- compaction -----------------------------------------------------------------------------------------------
     def rewrite(self, batches: Iterable[list[tuple[str, tuple]]]) -> None:
         """Replace the file with exactly these records, given in batches (lists of (queue, record), each written as
-        one batch record), atomically (``<path>.tmp``, fsync, ``os.replace``), then go on appending to it.  Only
-        right after ``commit``: buffered records would be neither here nor there."""
+        one batch record), at once: a rewrite (``start_rewrite``) whose steps all run now (``complete_rewrite``),
+        then go on appending to it.  Only right after ``commit``: buffered records would be neither here nor
+        there."""
         if not self._enabled:
             return
         if self._buf or self._pending:
             raise AssertionError("journal rewrite with uncommitted records: commit first")
         if self._fd is None:
             raise ValueError("journal is closed")
-        path = self.path
-        assert path is not None
+        if self._torn:   # what a failed commit could not cut off goes first, as the next commit would do
+            os.ftruncate(self._fd, self._size)
+            self._torn = False
         self.abort_rewrite()
-        tmp = path + ".tmp"
-        fd = os.open(tmp, _OPEN_FLAGS | os.O_TRUNC, 0o600)
-        self._replace_with(fd, tmp, lambda: self._write_batches(fd, batches))
+        self.start_rewrite(batches)
+        self.complete_rewrite()
 
-    def _write_batches(self, fd: int, batches: Iterable[list[tuple[str, tuple]]]) -> None:
-        """Write ``batches`` to ``fd``, each as one batch record, ``_CHUNK`` at a time."""
-        chunk: list[bytes] = []
-        pending = 0
-        for batch in batches:
-            if not batch:
-                continue
-            data = self._encode(batch, strict=True)
-            chunk.append(data)
-            pending += len(data)
-            if pending >= _CHUNK:
-                _write_all(fd, b"".join(chunk))
-                chunk.clear()
-                pending = 0
-        if chunk:
-            _write_all(fd, b"".join(chunk))
+    def complete_rewrite(self) -> None:
+        """Write what is left of the rewrite under way, flush it and put it in place, now: what the shard does a
+        step per turn of its loop (start-up, tools).  A failure raises; the journal stays as it was."""
+        while not self.rewrite_step():
+            if not self.rewriting:
+                return
+        flush = self.rewrite_flush()
+        if flush is not None:
+            flush()
+        if not self.finish_rewrite():
+            raise AssertionError("journal rewrite with uncommitted records: commit first")
 
     def _replace_with(self, fd: int, tmp: str, fill: Callable[[], object]) -> None:
         """``fill`` completes ``tmp`` (open as ``fd``), which then becomes the journal, appended to from now on.  If
