@@ -842,7 +842,8 @@ class Shard:
             if record[0] == "push" and len(record) == 13 and not record[7] and not record[8] \
                     and record[12] is None and type(record[4]) is bytes and name:
                 if name != run_name or (run and record[1] <= run[-1][0]):
-                    self._replay_record(run_name, ("pushes", None, run, None))
+                    if run:
+                        self._replay_record(run_name, ("pushes", None, run, None))
                     run_name, run = name, []
                 run.append(record[1:7] + record[9:12])
                 continue
@@ -853,7 +854,8 @@ class Shard:
                 clock = record if record[0] == "clock" else clock
                 continue
             self._replay_record(name, record)
-        self._replay_record(run_name, ("pushes", None, run, None))
+        if run:
+            self._replay_record(run_name, ("pushes", None, run, None))
         if clock is not None and clock[1] != _boot_id():
             self._rebase(clock)
         now = time.monotonic_ns()
@@ -880,8 +882,6 @@ class Shard:
         return count
 
     def _replay_record(self, name: str, record: tuple) -> None:
-        if record[0] == "pushes" and not record[2]:
-            return
         try:
             self.queue(name).apply(record)
         except (KeyError, ValueError, TypeError) as exc:
