@@ -231,22 +231,25 @@ class AsyncClient:
         return (await self.request("info"))["info"]
 
     # -- work queues ----------------------------------------------------------------------------------------
-    async def qpush(self, queue: str, data: Any, *, priority: int | None = None,
-                    delay_ms: int | None = None) -> str:
-        """Store a message; -> its id, once the broker has journaled it."""
-        reply = await self.request("qpush", queue=queue, data=data, **_given(priority=priority, delay_ms=delay_ms))
+    async def qpush(self, queue: str, data: Any, *, priority: int | None = None, delay_ms: int | None = None,
+                    dedup_id: str | None = None) -> str:
+        """Store a message; -> its id, once the broker has journaled it.  With ``dedup_id``, a push sent again
+        with the same one (a retry after a lost connection or a retryable error) within 5 minutes is not stored
+        again: its reply is the first one's id."""
+        reply = await self.request("qpush", queue=queue, data=data,
+                                   **_given(priority=priority, delay_ms=delay_ms, dedup_id=dedup_id))
         return reply["id"]
 
     async def qpush_many(self, queue: str, messages: list, *, priority: int | None = None,
-                         delay_ms: int | None = None) -> list[str]:
+                         delay_ms: int | None = None, dedup_id: str | None = None) -> list[str]:
         """Store up to 1000 messages with one request, together or not at all; -> their ids, in order, once the
         broker has journaled them.  Each item is a message's data, or a dict ``{"data": ..., "priority": ...,
         "delay_ms": ...}`` (``QueueMessageSpec``) for one with its own priority or delay; ``priority`` and
         ``delay_ms`` here apply to the rest.  A full queue raises BrokerError ``queue_full`` (nothing stored; its
-        reply's ``room`` says how many would fit now)."""
+        reply's ``room`` says how many would fit now).  ``dedup_id`` names the whole batch, as for ``qpush``."""
         items = [m.as_item() if isinstance(m, QueueMessageSpec) else {"data": m} for m in messages]
         reply = await self.request("qpush", queue=queue, messages=items,
-                                   **_given(priority=priority, delay_ms=delay_ms))
+                                   **_given(priority=priority, delay_ms=delay_ms, dedup_id=dedup_id))
         return reply["ids"]
 
     async def qrecv(self, queue: str, max: int = 1, *, wait_ms: int = 0, visibility_ms: int | None = None,

@@ -39,12 +39,15 @@ def queue() -> None:
 @click.option("--json", "as_json", is_flag=True, help="DATA is JSON (default: a string).")
 @click.option("--priority", type=click.IntRange(0, 9), help="0-9, higher first (default 4).")
 @click.option("--delay-ms", type=click.IntRange(0), help="Visible only after this many milliseconds.")
+@click.option("--dedup-id", help="Stored once however often it is sent within 5 minutes (retries).")
 @click.argument("name")
 @click.argument("data")
-def push(as_json: bool, priority: int | None, delay_ms: int | None, name: str, data: str) -> None:
+def push(as_json: bool, priority: int | None, delay_ms: int | None, dedup_id: str | None, name: str, data: str
+         ) -> None:
     """Push DATA to queue NAME; prints the message id once the broker has stored it."""
     value = parse_data(data, as_json)
-    fields = {k: v for k, v in (("priority", priority), ("delay_ms", delay_ms)) if v is not None}
+    fields = {k: v for k, v in (("priority", priority), ("delay_ms", delay_ms), ("dedup_id", dedup_id))
+              if v is not None}
     click.echo(_call("qpush", queue=name, data=value, **fields)["id"])
 
 

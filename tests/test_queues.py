@@ -98,9 +98,10 @@ def test_push_recv_ack_round_trip_preserves_data(start_broker):
 def test_request_id_is_echoed(start_broker):
     b = start_broker(workers=2)
     conn, q = cross(b, "echo")
-    assert req(conn, "qpush", queue=q, data=1, id=7)["id"] == 7
+    pushed = req(conn, "qpush", queue=q, data=1, id=7)
+    assert pushed == {"ok": True, "id": 7, "msg_id": pushed["msg_id"]}   # the message's id is not lost
     r = req(conn, "qrecv", queue=q, id="r1")
-    assert r["id"] == "r1" and len(r["messages"]) == 1
+    assert r["id"] == "r1" and [m["id"] for m in r["messages"]] == [pushed["msg_id"]]
     assert req(conn, "qack", queue=q, receipt=r["messages"][0]["receipt"], id=9) == {"ok": True, "id": 9}
     assert req(conn, "qrecv", queue="a.*", id=3) == {"ok": False, "error": "invalid_queue", "id": 3}
     assert req(conn, "qrecv", queue=q, wait_ms=50, id=4) == {"ok": True, "messages": [], "id": 4}

@@ -647,6 +647,7 @@ def test_batch_records_replay_to_the_same_queue(tmp_path):
         again_replayed = Shard(0, Settings(), Journal(path), lambda: None, 256)
         again_replayed.replay()                                # from the snapshot this time
         assert _state(again_replayed.queue("jobs"), counters=False) == live[:-1] + ((),)
+        assert again_replayed.queue("jobs").tokens.get((1, 2, 3)) == q.tokens[(1, 2, 3)]   # in the snapshot too
         # live receipts still work after both (what ended leases became is not in a snapshot: unknown now)
         assert replayed.queue("jobs").ack_many([got[0][D_RECEIPT]], now) == [{"ok": True, "already_acked": True}]
         q2 = again_replayed.queue("jobs")

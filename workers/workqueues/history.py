@@ -126,6 +126,14 @@ class History:
             value = old
         return default if value is _MISSING else value
 
+    def items(self) -> list[tuple]:
+        """Every entry, the older generation's first (so that setting them in order keeps the newest value)."""
+        if self._new_batches:
+            self._settle_new()
+        if self._old_batches:
+            self._settle_old()
+        return [*self._old.items(), *self._new.items()]
+
     def __len__(self) -> int:
         """Entries held (a key set again while its older value is kept counts twice)."""
         return len(self._new) + len(self._old) + self._new_batched + self._old_batched

@@ -454,6 +454,9 @@ class Queue:
             if token is not None:
                 self._token(token, tuple(ids))
             self._store_run(seq, ids, data_kind, datas, priority, wall)
+        elif kind == "tokens":   # a compaction's: the pushes' tokens still remembered, which outlive the messages
+            for token, ids in record[1]:
+                self._token(token, ids)
         elif kind == "pushes":
             _, token, messages, ready_ats = record
             if token is not None:
@@ -953,9 +956,13 @@ class Queue:
         """The records that rebuild this queue as it is now (journal compaction), in batches of ``SNAPSHOT_RUN``
         messages or about ``SNAPSHOT_BYTES`` of their data.  The state is taken now, the messages themselves
         (tuples, never changed) and copies of the maps that change, so the batches may be written over many turns
-        while the queue goes on changing (``Journal.start_rewrite``)."""
-        return _snapshot_batches(list(self.messages.values()), dict(self.leased), dict(self.leases),
-                                 dict(self.deliveries), dict(self.delay_at))
+        while the queue goes on changing (``Journal.start_rewrite``).  Then the push tokens still remembered
+        (``tokens`` records): a client's retry with its ``dedup_id``, or a worker's resend after a crash, must find
+        its first copy after a compaction and a crash as before them, though the message may be long gone."""
+        tokens = self.tokens.items()
+        return itertools.chain(_snapshot_batches(list(self.messages.values()), dict(self.leased), dict(self.leases),
+                                                 dict(self.deliveries), dict(self.delay_at)),
+                               ([("tokens", tokens[i:i + SNAPSHOT_RUN])] for i in range(0, len(tokens), SNAPSHOT_RUN)))
 
     def stat(self, wall: int) -> dict:
         store = self.messages

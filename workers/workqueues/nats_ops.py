@@ -1,8 +1,8 @@
 """Work queues for NATS clients: request/reply on ``$Q.<OP>.<queue>``, so a nats-py program needs nothing but
 ``nc.request`` and the ``Msg`` methods it already has (docs/queues.md).
 
-- ``$Q.PUSH.<queue>``: the payload is the message; headers ``Q-Priority`` (0-9) and ``Q-Delay`` (ms).  Reply:
-  ``{"ok":true,"id":...}``.
+- ``$Q.PUSH.<queue>``: the payload is the message; headers ``Q-Priority`` (0-9), ``Q-Delay`` (ms) and
+  ``Nats-Msg-Id`` (the push's ``dedup_id``, as JetStream deduplicates).  Reply: ``{"ok":true,"id":...}``.
 - ``$Q.RECV.<queue>``: a JSON body as JetStream's pull requests, ``{"batch": n, "expires": ns, "no_wait": b}``,
   plus ``visibility_ms`` and ``release_on_close``.  Each message goes to the reply subject with headers
   ``Q-Receipt``, ``Q-Deliveries``, ``Q-Msg-Id`` and the reply subject ``$Q.ACK.<queue>.<receipt>``; none: a status
@@ -105,6 +105,8 @@ def handle(session: "NatsSession", subject_b: bytes, reply_b: bytes | None, head
             if header in hdrs:
                 value = hdrs[header]
                 args[key] = int(value) if value.isdigit() else value  # a non-number is refused by the shard
+        if "nats-msg-id" in hdrs:   # JetStream's header for the same: a publish sent again is stored once
+            args["dedup_id"] = hdrs["nats-msg-id"]
     else:
         body = _json(payload)
         if "__invalid__" in body:

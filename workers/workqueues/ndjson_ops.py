@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 MAX_PIPELINED = 1024   # queue requests of one connection awaiting their replies before it waits for them
 
 _FIELDS = {
-    "push": ("priority", "delay_ms"),
+    "push": ("priority", "delay_ms", "dedup_id"),
     "recv": ("max", "wait_ms", "visibility_ms", "release_on_close"),
     "ack": ("receipt", "receipts"),
     "extend": ("receipt", "visibility_ms"),
@@ -89,6 +89,8 @@ def _pushed(req: dict, result: dict) -> bytes:
     msg_id = result.get("id")
     if msg_id is not None and len(result) == 2 and "id" not in req:
         return b'{"ok":true,"id":"%s"}\n' % msg_id.encode()
+    if msg_id is not None and "id" in req:   # "id" echoes the request's, as on every reply: the message's moves
+        result = dict(result, msg_id=msg_id)
     return _render(req, result)
 
 

@@ -41,6 +41,7 @@ log = logging.getLogger("broker.queues")
 Reply = Callable[[dict], None]
 MAX_BATCH = 1000            # messages a receive leases, receipts an ack takes, messages a push stores, at most
 MAX_WAIT_MS = 300_000
+MAX_DEDUP_ID = 128          # characters of a push's dedup_id (SQS's MessageDeduplicationId)
 # Long polls waiting at once: a waiter costs a few hundred bytes, but a client must not be able to add them
 # without end (a NATS connection can send any number of receives).
 MAX_WAITERS_PER_CONNECTION = 1000
@@ -458,10 +459,27 @@ class Shard:
         return self._opened(args.get("queue"))
 
     @staticmethod
-    def _token(args: dict) -> tuple | None:
-        """A push request's token (a list once it crossed the fabric), which names it among resends."""
+    def _token(args: dict) -> tuple | str | None:
+        """A push request's token, which names it among resends: the client's ``dedup_id`` (a str), or the one its
+        worker gave it to cross the fabric (a tuple; a list once it crossed)."""
+        dedup = args.get("dedup_id")
+        if dedup is not None:
+            if type(dedup) is not str or not 0 < len(dedup) <= MAX_DEDUP_ID:
+                raise QueueError("invalid_dedup_id", min=1, max=MAX_DEDUP_ID)
+            return dedup
         token = args.get("token")
         return tuple(token) if token is not None else None
+
+    def _repeat(self, q: Queue, stored: str | tuple, token: tuple | str, args: dict | None) -> dict:
+        """The answer to a push (``args``; None: a batch) whose token names one already stored: ``stored``, its id
+        (a batch's ids).  Only a client's ``dedup_id`` can name the other form of push, a conflict."""
+        batch = args is None
+        if (type(stored) is tuple) != batch:
+            raise QueueError("dedup_id_conflict")
+        result = {"ok": True, "ids": list(stored)} if batch else self._pushed(q, stored, args)
+        if type(token) is str:   # a client's retry, which may want to know (a resend after a crash is not one)
+            result["duplicate"] = True
+        return result
 
     def _push(self, args: dict, holder: tuple, reply: Reply) -> dict:
         q = self._pushed_to(args)
@@ -469,15 +487,15 @@ class Shard:
             return self._push_many(q, args)
         return self._push_one(q, args, self._token(args))
 
-    def _push_one(self, q: Queue, args: dict | bytes, token: tuple | None, clock: tuple[int, int] | None = None
+    def _push_one(self, q: Queue, args: dict | bytes, token: tuple | str | None, clock: tuple[int, int] | None = None
                   ) -> dict:
         """One push; ``clock``: (monotonic, wall) ns, read once for the pushes that arrived together."""
         if type(args) is bytes:   # a push of nothing but JSON data (``pushes``)
             args = {"data": args, "kind": KIND_JSON}
         if token is not None:
             stored = q.tokens.get(token)
-            if stored is not None:  # sent again after a crash, and the first one was journaled: one copy
-                return self._pushed(q, stored, args)
+            if stored is not None:  # sent again (a client's retry, a resend after a crash): one copy
+                return self._repeat(q, stored, token, args)
         data, kind = args.get("data", b""), args.get("kind", 0)
         priority = args.get("priority", DEFAULT_PRIORITY)
         if type(priority) is not int or not 0 <= priority <= MAX_PRIORITY:
@@ -507,10 +525,17 @@ class Shard:
         results = []
         for i, item in enumerate(args["pushes"]):
             try:
-                results.append(self._push_one(q, item, token + (i,) if token is not None else None, clock))
+                results.append(self._push_one(q, item, self._item_token(item, token, i), clock))
             except QueueError as exc:
                 results.append(exc.result())
         return {"ok": True, "results": results}
+
+    def _item_token(self, item: dict | bytes, token: tuple | None, i: int) -> tuple | str | None:
+        """The token of the ``i``-th of single pushes that travelled together under ``token``: its own
+        ``dedup_id``, or its place under the request's."""
+        if type(item) is not bytes and "dedup_id" in item:
+            return self._token(item)
+        return token + (i,) if token is not None else None
 
     def _push_run(self, q: Queue, items: list[dict | bytes], clock: tuple[int, int]) -> dict | None:
         """Plain single pushes (data and kind, nothing else; or JSON data's bytes alone) from this worker that all
@@ -553,8 +578,8 @@ class Shard:
         token = self._token(args)
         if token is not None:
             stored = q.tokens.get(token)
-            if stored is not None:  # sent again after a crash, and the first one was journaled: one copy
-                return {"ok": True, "ids": list(stored)}
+            if stored is not None:  # sent again (a client's retry, a resend after a crash): one copy
+                return self._repeat(q, stored, token, None)
         datas = args.get("datas")   # JSON data alone, the request's priority and delay for all (ndjson_ops)
         items = args["messages"] if datas is None else datas
         if type(items) is not list or not 1 <= len(items) <= MAX_BATCH:
