@@ -62,7 +62,8 @@ _RETRY_WRITE_S = 1.0        # a failed journal write is tried again this often w
 _COMPACT_BACKOFF_S = 60.0   # after a failed compaction (a full disk), none is tried for this long
 FORGET_IDLE_S = 600.0       # a queue empty and untouched this long (two sweeps apart) is forgotten (_forget_idle)
 # Entries all of a worker's queues' histories (acked receipts, other ends of leases, push tokens) may hold together:
-# 70-130 B each, so ~70-130 MB; past it the oldest go first (history.trim), whichever queue they are in.
+# 70-130 B each (190-280 for a push's dedup_id), so ~70-130 MB; past it the oldest go first (history.trim), whichever
+# queue they are in.
 HISTORY_BUDGET = 1_000_000
 _TRIM_EVERY_S = 10.0        # how often they are counted (~1.4 ms a 1,000 queues): the budget passed for 10 s at most
 _LOG_EVERY_S = 10.0         # while the journal cannot be written, one log line per this many seconds
