@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import multiprocessing
 import os
+import shutil
 import tempfile
 import time
 
@@ -145,11 +146,15 @@ def measure_zmq(rate: float, seconds: float) -> list[float]:
                 return end.send, got
             except TimeoutError:
                 pass
-    return _measure(echo_zmq, (a, b), connect, rate, seconds)
+    try:
+        return _measure(echo_zmq, (a, b), connect, rate, seconds)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def measure_unix(rate: float, seconds: float) -> list[float]:
-    path = os.path.join(tempfile.mkdtemp(), "s")
+    d = tempfile.mkdtemp()
+    path = os.path.join(d, "s")
 
     async def connect():
         for _ in range(100):
@@ -163,7 +168,10 @@ def measure_unix(rate: float, seconds: float) -> list[float]:
                 got.put_nowait(data)
         transport, _ = await asyncio.get_running_loop().create_unix_connection(P, path)
         return transport.write, got
-    return _measure(echo_unix, (path,), connect, rate, seconds)
+    try:
+        return _measure(echo_unix, (path,), connect, rate, seconds)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def summary(name: str, times: list[float]) -> str:

@@ -30,6 +30,7 @@ import gc
 import marshal
 import os
 import pstats
+import shutil
 import sys
 import tempfile
 import time
@@ -123,8 +124,7 @@ class Clock:
             self.profiler.disable()
 
 
-async def run(opts) -> None:
-    tmp = tempfile.mkdtemp(prefix="queue-hotpath-")
+async def run(opts, tmp: str) -> None:
     # the consumer stays a worker away, not moved to the owner (workers/moves.py), unless --local puts it there
     raw = {"queues": {"journal": not opts.no_journal, "move_connections": False}}
     cfg_path = os.path.join(tmp, "config.json")
@@ -259,7 +259,11 @@ def main() -> None:
                         "what the broker's workers set)")
     parser.add_argument("--profile", action="store_true", help="cProfile the phases (slower; look at the ratios)")
     opts = parser.parse_args()
-    asyncio.run(run(opts))
+    tmp = tempfile.mkdtemp(prefix="queue-hotpath-")   # its journals: hundreds of MB a run
+    try:
+        asyncio.run(run(opts, tmp))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
