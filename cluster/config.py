@@ -263,7 +263,7 @@ class ShutdownConfig:
 
 @dataclass(frozen=True)
 class RuntimeConfig:
-    # parent of the private runtime directory; default $XDG_RUNTIME_DIR or the temp dir
+    # parent of the private runtime directory; default $XDG_RUNTIME_DIR, /dev/shm or the temp dir (runtime.py)
     dir: str | None = _directory("parent")
 
 

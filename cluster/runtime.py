@@ -19,11 +19,28 @@ PREFIX = "shardbroker-"
 _OWNER = "owner.pid"
 
 
+SHM = "/dev/shm"
+SHM_MIN_SIZE = 1 << 30   # a container's /dev/shm is often 64 MiB: the first journals would fill it
+
+
 def default_parent() -> str:
+    """``$XDG_RUNTIME_DIR`` (a writable directory), else ``/dev/shm`` (Linux's tmpfs for everyone, if writable and
+    of ``SHM_MIN_SIZE`` or more), else the temp directory.  A tmpfs if there is one, as the systemd unit's
+    ``/run/shardbroker`` is: the work queues' journals live here by default, need only outlive a worker, and cost
+    ~5 % more of the owner's CPU per message on a disk's filesystem (docs/performance.md).  The size, not the room
+    left, decides: ``brokerctl reload`` must find the directory however full the journals have made it."""
     import tempfile  # here and in create: workers import this module for remove() alone
 
     xdg = os.environ.get("XDG_RUNTIME_DIR")
-    return xdg if xdg and os.path.isdir(xdg) and os.access(xdg, os.W_OK) else tempfile.gettempdir()
+    if xdg and os.path.isdir(xdg) and os.access(xdg, os.W_OK):
+        return xdg
+    try:
+        st = os.statvfs(SHM)
+        if st.f_blocks * st.f_frsize >= SHM_MIN_SIZE and os.access(SHM, os.W_OK | os.X_OK):
+            return SHM
+    except OSError:
+        pass
+    return tempfile.gettempdir()
 
 
 def create(parent: str | None) -> str:

@@ -253,3 +253,30 @@ def test_permission_strings_are_validated():
     for bad in ["publish", "publish:", "read:x", "publish:a.*.b", "publish:a..b", "subscribe:ch*.x.>.y"]:
         with pytest.raises(PermissionFormatError):
             Permissions([bad])
+
+
+def test_the_runtime_directory_goes_on_a_tmpfs_where_there_is_one(tmp_path, monkeypatch):
+    """$XDG_RUNTIME_DIR first; else /dev/shm if it is writable and large enough to hold journals; else the temp
+    directory (cluster/runtime.py)."""
+    import tempfile
+
+    from cluster import runtime
+
+    xdg = tmp_path / "xdg"
+    xdg.mkdir()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
+    assert runtime.default_parent() == str(xdg)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "missing"))   # not a directory: passed over
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(runtime, "SHM", str(shm))
+    monkeypatch.setattr(runtime, "SHM_MIN_SIZE", 1)
+    assert runtime.default_parent() == str(shm)
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    assert runtime.default_parent() == str(shm)
+    st = os.statvfs(shm)
+    monkeypatch.setattr(runtime, "SHM_MIN_SIZE", st.f_blocks * st.f_frsize + 1)   # too small: a container's
+    assert runtime.default_parent() == tempfile.gettempdir()
+    monkeypatch.setattr(runtime, "SHM", str(tmp_path / "none"))
+    monkeypatch.setattr(runtime, "SHM_MIN_SIZE", 1)
+    assert runtime.default_parent() == tempfile.gettempdir()

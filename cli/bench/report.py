@@ -46,6 +46,10 @@ def table(result: dict) -> str:
                  f"{result['options']['duration']} s, medians shown; cpu µs/msg: the server's CPU time (all its "
                  f"processes and threads) over a run, per message delivered; gen µs/msg: the load generators' the "
                  f"same way")
+    writes = result.get("writes")   # older results have none
+    if writes:
+        lines.append("written to: " + ", ".join(f"{name} {w['dir']} ({w['filesystem'] or 'unknown'})"
+                                                for name, w in writes.items()))
     return "\n".join(lines)
 
 

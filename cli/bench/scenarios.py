@@ -245,6 +245,7 @@ class Bench:
             # The same broker with queues.journal false: what the journal costs.
             self.servers["shardbroker-nojournal"] = self._broker({"queues": dict(QUEUE_BOUNDS["queues"],
                                                                                 journal=False)})
+            self.servers["shardbroker-nojournal"].writes = ""
         if self.opts.tls:
             self._pem = servers.make_certificate(tempfile.mkdtemp(prefix="bench-tls-"))
             self.servers["shardbroker-tls"] = self._broker({
@@ -462,6 +463,11 @@ class Bench:
         return {
             "machine": _machine(),
             "servers": {name: s.version for name, s in self.servers.items()},
+            # where the queues' journal and Redis's append-only file went, and on what: a disk's filesystem costs
+            # more a write than a tmpfs
+            "writes": {name: {"dir": s.writes, "filesystem": servers.filesystem(s.writes)}
+                       for name, s in self.servers.items() if s.writes and name != "shardbroker-tls"}
+            if any(row.get("queue") for row in summary) else {},
             "options": asdict(self.opts),
             "summary": summary,
             "runs": self.results,

@@ -52,6 +52,14 @@ def version_of(cmd: list[str]) -> str:
     return m.group(1) if m else "unknown"
 
 
+def filesystem(path: str) -> str:
+    """The type of the filesystem ``path`` is on (``tmpfs``, ``ext4``, ...), "" if unknown."""
+    path = os.path.realpath(path)
+    mounts = [p for p in psutil.disk_partitions(all=True)
+              if path == p.mountpoint or path.startswith(p.mountpoint.rstrip("/") + "/")]
+    return max(mounts, key=lambda p: len(p.mountpoint)).fstype if mounts else ""
+
+
 def process_cpu(pid: int) -> float:
     """CPU seconds the process has used, its threads' and its reaped children's included (0 once it is gone)."""
     try:
@@ -69,6 +77,7 @@ class Server:
     proc: subprocess.Popen | None = None
     monitor_port: int = 0
     store: str = ""                            # a directory of the server's, removed when it stops
+    writes: str = ""                           # where it writes its journal or append-only file, if anywhere
     keep_log: bool = False                     # the run failed: keep the log whatever the exit code
     _log: object = None
 
@@ -132,8 +141,11 @@ def start_broker(workers: int | None, config: str | None = None) -> Server:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         with open(log.name) as fh:
-            m = re.search(r"ready: (.*) workers=", fh.read())
+            text = fh.read()
+        m = re.search(r"ready: (.*) workers=", text)
         if m:
+            where = re.search(r"runtime directory (\S+)", text)   # the journals' unless queues.data_dir says
+            server.writes = where.group(1) if where else ""
             for part in m.group(1).split():
                 name, _, addr = part.partition("=")
                 port = int(addr.rsplit(":", 1)[1])
@@ -208,12 +220,14 @@ def start_redis(aof: bool = False) -> Server | None:
     port = free_port()
     store = ""
     persistence = ["--save", "", "--appendonly", "no"]
-    if aof:
-        store = tempfile.mkdtemp(prefix="bench-redis-aof-")
+    if aof:   # on the filesystem this broker's journals are on by default: both write to the same medium
+        from cluster import runtime
+
+        store = tempfile.mkdtemp(prefix="bench-redis-aof-", dir=runtime.default_parent())
         persistence = ["--save", "", "--appendonly", "yes", "--appendfsync", "everysec", "--dir", store]
     proc = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", str(port), *persistence,
                              "--maxclients", "15000", "--protected-mode", "no", "--loglevel", "warning"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     wait_port(port)
     return Server("redis-aof" if aof else "redis", version_of([binary, "--version"]), {"redis": port}, proc,
-                  store=store)
+                  store=store, writes=store)
