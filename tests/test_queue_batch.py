@@ -50,6 +50,20 @@ def test_batch_push_priorities_and_delays(start_broker):
     reply = pushm(conn, q, [{"data": 1}, {"data": 2, "delay_ms": 0}], delay_ms=60_000)
     s = stat(conn, q)
     assert (s["visible"], s["delayed"]) == (1, 1)
+    assert [m["data"] for m in recv(conn, q, max=10)] == [2]
+    # the request's own fields after items of nothing but data (the canonical form, taken as written): the same
+    assert pushm(conn, q, [{"data": "p7"}, {"data": [7]}], priority=7)["ok"]
+    assert pushm(conn, q, [{"data": "d"}], delay_ms=60_000, dedup_id="bd-1")["ok"]
+    assert pushm(conn, q, [{"data": "x"}], priority=10) == {"ok": False, "error": "invalid_priority", "min": 0,
+                                                          "max": 9}
+    assert pushm(conn, q, [{"data": "x"}], delay_ms=-1)["error"] == "invalid_delay"
+    assert pushm(conn, q, [{"data": "x"}], data=1)["error"] == "invalid_messages"   # data next to messages
+    conn.send(b'{"op":"qpush","queue":"%s","messages":[{"data":"first"}],"messages":[{"data":"second"}]}\n'
+              % q.encode())   # the batch a JSON parser keeps is the second
+    assert json.loads(conn.line())["ok"]
+    s = stat(conn, q)
+    assert (s["visible"], s["delayed"]) == (3, 2)
+    assert [(m["data"], m["priority"]) for m in recv(conn, q, max=10)] == [("p7", 7), ([7], 7), ("second", 4)]
 
 
 def test_batch_push_errors_store_nothing_and_the_connection_goes_on(start_broker):

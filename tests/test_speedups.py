@@ -251,8 +251,14 @@ def test_qpush_batch_gives_each_data_value_as_written():
         assert batch(line) == datas
         assert batch(line + b"\r") == datas
         assert [json.loads(d) for d in batch(line)] == [item["data"] for item in json.loads(line)["messages"]]
+        # the request's other fields after the messages (the caller checks which): the data as before
+        for tail in (b',"id":1}', b',"dedup_id":"a-1","priority":9,"delay_ms":5}', b',"x":{"y":1}}'):
+            assert batch(line[:-1] + tail) == datas, tail
         for other in (line + b" ", line.replace(b'{"data":-', b'{"data": -'), _batch_line(b"q", []),
-                      line.replace(b'"x"}', b'"x","priority":2}'), line[:-1] + b',"id":1}', line[:-2] + b"]",
+                      line.replace(b'"x"}', b'"x","priority":2}'), line[:-2] + b"]",
+                      line[:-1] + b',"messages":[{"data":2}]}',   # a second batch: a parser keeps that one
+                      line[:-1] + b',"x":{"messages":1}}',         # (any "messages" after them: the general path)
+                      line[:-1] + b',"id":1', line[:-1] + b'x}', line[:-1] + b',}' + b"\r\r",
                       b'{"op":"qpush","queue":"q","data":1}', _batch_line(b"\\u0071", [b"1"])):
             assert batch(other) is None, other
     with pytest.raises(TypeError):

@@ -527,6 +527,21 @@ static Py_ssize_t skip_value(const unsigned char *b, Py_ssize_t i, Py_ssize_t n)
     return i > start ? i : -1;
 }
 
+/* What may follow a canonical batch's messages: the request's other fields (",...}"), which the caller checks by
+   name, but never a second "messages", which a JSON parser would take instead of the first. */
+static int batch_tail(const unsigned char *b, Py_ssize_t i, Py_ssize_t n)
+{
+    static const char key[] = "\"messages\"";
+    Py_ssize_t k;
+
+    if (i >= n || b[i] != ',' || b[n - 1] != '}')
+        return 0;
+    for (k = i; k + (Py_ssize_t)sizeof(key) - 1 <= n; k++)
+        if (b[k] == '"' && memcmp(b + k, key, sizeof(key) - 1) == 0)
+            return 0;
+    return 1;
+}
+
 static PyObject *qpush_batch(PyObject *module, PyObject *line)
 {
     const unsigned char *b;
@@ -568,7 +583,7 @@ static PyObject *qpush_batch(PyObject *module, PyObject *line)
             i++;
             continue;
         }
-        if (i + 2 == n && b[i] == ']' && b[i + 1] == '}')
+        if (i < n && b[i] == ']' && (i + 2 == n ? b[i + 1] == '}' : batch_tail(b, i + 1, n)))
             return datas;
         break;
     }

@@ -125,7 +125,8 @@ _SCALAR = re.compile(rb'[^,}\] \t\r\n]+')
 def qpush_batch(line: bytes) -> list[bytes] | None:
     """The data values' text of a batch push in the canonical form
     ``{"op":"qpush","queue":"Q","messages":[{"data":D},...]}`` (a line orjson accepted: each D is JSON), in
-    order; None for any other line."""
+    order; None for any other line.  The request's other fields may follow the messages (``],"dedup_id":...}``:
+    the caller checks which), but not a second ``"messages"``, which a JSON parser would keep instead."""
     m = _NDJSON_QBATCH.match(line)
     if m is None:
         return None
@@ -144,7 +145,12 @@ def qpush_batch(line: bytes) -> list[bytes] | None:
         if line[i:i + 1] == b",":
             i += 1
             continue
-        return datas if i + 2 == n and line[i:n] == b"]}" else None
+        if line[i:i + 1] != b"]":
+            return None
+        if i + 2 == n:
+            return datas if line[i + 1:n] == b"}" else None
+        tail = line[i + 1:n]
+        return datas if tail[:1] == b"," and tail[-1:] == b"}" and b'"messages"' not in tail else None
 
 
 def _skip_value(line: bytes, i: int, n: int) -> int:

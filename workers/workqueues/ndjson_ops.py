@@ -56,6 +56,9 @@ _DIGITS = codec._DIGITS
 _LOSSY_FLOAT = codec._LOSSY_FLOAT
 _loads = orjson.loads
 _NO_REQUEST: dict = {}   # what a push of a run (push_run) is answered for: a request with nothing to echo
+# A batch push's fields that leave it canonical (its data taken as written, qpush_batch) when they follow the
+# messages: the request's own, which apply to the whole batch as they would anyway.
+_CANONICAL_BATCH = frozenset(("op", "queue", "messages", "priority", "delay_ms", "dedup_id", "id"))
 
 
 def _message(m: tuple) -> bytes:
@@ -152,7 +155,7 @@ def _op(op: str) -> Callable[["NdjsonSession", dict, bytes], None]:
                 hub.turn_work += _PUSH_WORK
             else:
                 # The canonical form (nothing but JSON data in each item) travels as the data's text, as written.
-                datas = qpush_batch(line) if len(req) == 3 else None
+                datas = qpush_batch(line) if req.keys() <= _CANONICAL_BATCH else None
                 if datas is not None and 0 < len(datas) <= MAX_BATCH:
                     args["datas"] = datas
                 else:

@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""What each spelling of a push costs the broker: the CPU of its processes per message stored, for pipelined
+pushes of 120-byte strings over one NDJSON connection to a one-worker broker (docs/queues.md, qpush).
+
+    .venv/bin/python scripts/push_forms.py                      # every form, twice, alternately
+    .venv/bin/python scripts/push_forms.py --forms single,dedup --messages 400000
+
+Forms: ``single`` (the canonical ``{"op":"qpush","queue":Q,"data":D}``, taken a run at a time), ``priority`` and
+``dedup`` (the same with a ``priority`` or a ``dedup_id``: each line on its own), ``batch`` (100 messages of
+nothing but data a request) and ``batchdedup`` (the same with the request's ``dedup_id`` after its messages).  At
+most 1,000 requests are unanswered at a time, under the connection's pipelining bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from harness import Broker  # noqa: E402
+
+DATA = b'"' + b"x" * 118 + b'"'
+FORMS = ("single", "priority", "dedup", "batch", "batchdedup")
+
+
+def lines(form: str, queue: bytes, n: int) -> list[bytes]:
+    head = b'{"op":"qpush","queue":"%s",' % queue
+    if form == "single":
+        return [head + b'"data":%s}\n' % DATA] * n
+    if form == "priority":
+        return [head + b'"data":%s,"priority":4}\n' % DATA] * n
+    if form == "dedup":
+        return [head + b'"data":%s,"dedup_id":"m-%d"}\n' % (DATA, i) for i in range(n)]
+    items = b",".join([b'{"data":%s}' % DATA] * 100)
+    tail = [b"" if form == "batch" else b',"dedup_id":"b-%d"' % i for i in range(n // 100)]
+    return [head + b'"messages":[%s]%s}\n' % (items, t) for t in tail]
+
+
+def run(port: int, pids: list[int], form: str, n: int) -> tuple[float, float]:
+    """-> (messages a second, µs of the broker's CPU a message)."""
+    def cpu() -> float:
+        return sum(sum(psutil.Process(p).cpu_times()[:2]) for p in pids)
+
+    batch = lines(form, b"forms.%s.%d" % (form.encode(), time.time_ns()), n)
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        c0, t0 = cpu(), time.perf_counter()
+        got, buf = 0, b""
+        for i in range(0, len(batch), 1000):
+            s.sendall(b"".join(batch[i:i + 1000]))
+            while got < min(i + 1000, len(batch)):
+                chunk = s.recv(1 << 20)
+                if not chunk:
+                    raise RuntimeError("the broker closed the connection")
+                got += chunk.count(b"\n")
+                buf = chunk[-200:]
+        elapsed, used = time.perf_counter() - t0, cpu() - c0
+    if b'"ok":false' in buf:
+        raise RuntimeError(f"{form}: refused: {buf!r}")
+    return n / elapsed, used / n * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--forms", default=",".join(FORMS))
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    opts = parser.parse_args()
+    tmp = tempfile.mkdtemp(prefix="push-forms-")
+    broker = Broker(Path(tmp), workers=1).start()
+    try:
+        pids = [p.pid for p in psutil.Process(broker.proc.pid).children(recursive=True)]
+        for _ in range(opts.rounds):
+            for form in opts.forms.split(","):
+                rate, us = run(broker.port, pids, form, opts.messages)
+                print(f"{form:>10}: {rate:>9,.0f} msg/s, {us:5.2f} µs of the broker's CPU a message")
+    finally:
+        broker.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
