@@ -5,6 +5,7 @@ items as the real one does (``router.frames``), and transports that accept every
 
     .venv/bin/python scripts/queue_hotpath.py                 # push, then receive+ack across workers
     .venv/bin/python scripts/queue_hotpath.py --batch 100     # pushes as batch requests of 100 messages
+    .venv/bin/python scripts/queue_hotpath.py --extra ',"priority":4'   # single pushes not in canonical form
     .venv/bin/python scripts/queue_hotpath.py --profile       # cProfile of each phase (slower; look at ratios)
     .venv/bin/python scripts/queue_hotpath.py --no-journal    # queues.journal false
     .venv/bin/python scripts/queue_hotpath.py --local         # the consumer on the owner, as the bench has it
@@ -176,7 +177,7 @@ async def run(opts, tmp: str) -> None:
         frame = b'{"op":"qpush","queue":"%s","messages":[%s]}\n' % (queue.encode(), items)
         per_frame = opts.batch
     else:
-        frame = b'{"op":"qpush","queue":"%s","data":%s}\n' % (queue.encode(), data)
+        frame = b'{"op":"qpush","queue":"%s","data":%s%s}\n' % (queue.encode(), data, opts.extra.encode())
         per_frame = 1
     per_read = max(1, 65536 // len(frame))
     chunk = frame * per_read
@@ -251,6 +252,8 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=128, help="bytes of each message's data (a JSON string)")
     parser.add_argument("--batch", type=int, default=1, help="messages per push request (1: single pushes)")
     parser.add_argument("--max", type=int, default=100, help="messages per receive")
+    parser.add_argument("--extra", default="", help='fields after a single push\'s data, e.g. \',"priority":4\' '
+                        "(no longer the canonical form: each line on its own)")
     parser.add_argument("--no-journal", action="store_true")
     parser.add_argument("--local", action="store_true", help="the consumer's connection on the owner, as the bench "
                         "has it once the connection has moved there (workers/moves.py)")
