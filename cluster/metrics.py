@@ -149,6 +149,7 @@ _QUEUE_COUNTERS = (
     ("stale_receipts", "shardbroker_workqueue_stale_receipts", "Requests answered lease_lost."),
     ("duplicate_acks", "shardbroker_workqueue_duplicate_acks", "Acks answered already_acked."),
     ("rejected", "shardbroker_workqueue_rejected_messages", "Pushed messages refused with queue_full."),
+    ("duplicate_pushes", "shardbroker_workqueue_duplicate_pushes", "Pushed messages not stored again: dedup_id."),
 )
 
 

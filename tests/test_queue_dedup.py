@@ -5,8 +5,10 @@ fabric, through a kill -9 of the owner and the compaction its replacement makes.
 import asyncio
 import json
 import os
+import re
 import signal
 import time
+import urllib.request
 
 import nats
 
@@ -25,7 +27,8 @@ def test_a_push_sent_again_with_its_dedup_id_is_stored_once(start_broker):
         assert again == {"ok": True, "id": 5, "msg_id": first, "duplicate": True}   # the request's id echoed
         again = req(conn, "qpush", queue=q, data={"n": 3}, dedup_id="order-17")
         assert again == {"ok": True, "id": first, "duplicate": True}
-        assert stat(conn, q)["messages"] == 1 and stat(conn, q)["pushed"] == 1
+        s = stat(conn, q)
+        assert (s["messages"], s["pushed"], s["duplicate_pushes"]) == (1, 1, 2)
         (msg,) = recv(conn, q, max=10)
         assert msg["data"] == {"n": 1}
         assert req(conn, "qack", queue=q, receipt=msg["receipt"]) == {"ok": True}
@@ -63,8 +66,14 @@ def test_a_push_sent_again_with_its_dedup_id_is_stored_once(start_broker):
             assert req(conn, "qpush", queue=q, messages=[{"data": "f"}], dedup_id=bad)["error"] == "invalid_dedup_id"
         assert push(conn, q, "g", dedup_id="x" * 128)
         assert push(conn, q, "h", dedup_id="\u00e9t\u00e9 \u2603")
-        assert stat(conn, q)["visible"] == 4   # a, b, g, h: nothing else was stored
+        s = stat(conn, q)
+        assert (s["visible"], s["duplicate_pushes"]) == (4, 2 + 1 + 2 + 2)   # a, b, g, h: nothing else stored
         conn.close()
+    with urllib.request.urlopen(f"http://127.0.0.1:{broker.ports['monitoring']}/metrics", timeout=10) as resp:
+        metrics = resp.read().decode()
+    for worker in (0, 1):
+        assert re.search(r'shardbroker_workqueue_duplicate_pushes_total\{queue="%s",worker="1"\} 7\.0'
+                         % re.escape(owned_by(1, f"dd{worker}")), metrics), metrics[-2000:]
 
 
 def test_nats_msg_id_deduplicates_as_jetstream_does(start_broker):

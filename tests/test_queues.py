@@ -590,7 +590,7 @@ def test_qstat_exact_counts(start_broker):
         "queue": q, "visible": 0, "in_flight": 0, "delayed": 0, "messages": 0, "bytes": 0,
         "oldest_visible_age_ms": 0, "pushed": 0, "delivered": 0, "redelivered": 0, "acked": 0, "nacked": 0,
         "expired": 0, "extended": 0, "dead_lettered": 0, "stale_receipts": 0, "duplicate_acks": 0, "rejected": 0,
-        "waiters": 0, "owner": 1}
+        "duplicate_pushes": 0, "waiters": 0, "owner": 1}
     for data in ("a", "b", "c", "d"):
         push(conn, q, data)
     push(conn, q, "e", delay_ms=60_000)
@@ -608,7 +608,8 @@ def test_qstat_exact_counts(start_broker):
     assert s == {
         "queue": q, "visible": 2, "in_flight": 1, "delayed": 1, "messages": 4, "bytes": 12,
         "pushed": 5, "delivered": 4, "redelivered": 1, "acked": 1, "nacked": 1, "expired": 1, "extended": 1,
-        "dead_lettered": 0, "stale_receipts": 1, "duplicate_acks": 1, "rejected": 0, "waiters": 0, "owner": 1}
+        "dead_lettered": 0, "stale_receipts": 1, "duplicate_acks": 1, "rejected": 0, "duplicate_pushes": 0,
+        "waiters": 0, "owner": 1}
     assert [m["data"] for m in recv(conn, q, max=10)] == ["c", "d"]
 
 

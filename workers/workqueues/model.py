@@ -408,6 +408,7 @@ class Queue:
         self.bytes = 0
         self.pushed = self.delivered = self.redelivered = self.acked = self.nacked = self.dead_lettered = 0
         self.expired = self.extended = self.stale_receipts = self.duplicate_acks = self.rejected = 0
+        self.duplicate_pushes = 0   # messages not stored again: their push's dedup_id named one stored before
 
     # -- counts ---------------------------------------------------------------------------------------------
     @property
@@ -426,7 +427,8 @@ class Queue:
         """What changes with anything done to the queue (a push, a receive, an ack, a nack, an expiry, a stale
         or repeated receipt...): equal twice, nothing was done in between."""
         return (self.next_seq, self.delivered, self.acked, self.nacked, self.expired, self.extended,
-                self.dead_lettered, self.stale_receipts, self.duplicate_acks, self.rejected, len(self.messages))
+                self.dead_lettered, self.stale_receipts, self.duplicate_acks, self.rejected, self.duplicate_pushes,
+                len(self.messages))
 
     def state(self, seq: int) -> str:
         """Where message ``seq`` is: "visible", "delayed" or "leased" (tests, tools)."""
@@ -974,7 +976,7 @@ class Queue:
             "pushed": self.pushed, "delivered": self.delivered, "redelivered": self.redelivered,
             "acked": self.acked, "nacked": self.nacked, "expired": self.expired, "extended": self.extended,
             "dead_lettered": self.dead_lettered, "stale_receipts": self.stale_receipts,
-            "duplicate_acks": self.duplicate_acks, "rejected": self.rejected,
+            "duplicate_acks": self.duplicate_acks, "rejected": self.rejected, "duplicate_pushes": self.duplicate_pushes,
         }
 
 

@@ -480,6 +480,7 @@ class Shard:
         result = {"ok": True, "ids": list(stored)} if batch else self._pushed(q, stored, args)
         if type(token) is str:   # a client's retry, which may want to know (a resend after a crash is not one)
             result["duplicate"] = True
+            q.duplicate_pushes += len(stored) if batch else 1
         return result
 
     def _push(self, args: dict, holder: tuple, reply: Reply) -> dict:
