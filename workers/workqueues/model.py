@@ -658,9 +658,11 @@ class Queue:
         msg_id = msg_id or new_id()
         record = ("push", seq, msg_id, kind, data, priority, enqueued_at or wall,
                   now + delay_ms * MS if delay_ms else 0, deliveries, reason, source, redriven, token)
-        if delay_ms or deliveries or token is not None:
+        if delay_ms or deliveries:
             self.apply(record)
-        else:   # the common case, applied directly
+        else:   # the common case, applied directly (as apply's "push" would)
+            if token is not None:
+                self._token(token, msg_id)
             self.bytes += core.store_put(self.messages, [(seq, msg_id, kind, data, priority, enqueued_at or wall,
                                                           reason, source, redriven)])
             self._ready.add(seq, priority)
