@@ -421,6 +421,8 @@ class Bench:
     # -- summary --------------------------------------------------------------------------------------------
     def report(self, chosen: list[Scenario], targets: list[Target]) -> dict:
         summary = []
+        ran = {r["target"] for r in self.results if r.get("scenario") in {sc.name for sc in chosen if sc.queue}}
+        queue_servers = {t.server for t in targets if t.queues and t.label in ran}
         for sc in chosen:
             rows = {}
             for t in targets:
@@ -466,8 +468,7 @@ class Bench:
             # where the queues' journal and Redis's append-only file went, and on what: a disk's filesystem costs
             # more a write than a tmpfs
             "writes": {name: {"dir": s.writes, "filesystem": servers.filesystem(s.writes)}
-                       for name, s in self.servers.items() if s.writes and name != "shardbroker-tls"}
-            if any(row.get("queue") for row in summary) else {},
+                       for name, s in self.servers.items() if s.writes and name in queue_servers},
             "options": asdict(self.opts),
             "summary": summary,
             "runs": self.results,
