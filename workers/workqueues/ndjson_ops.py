@@ -57,8 +57,9 @@ _LOSSY_FLOAT = codec._LOSSY_FLOAT
 _loads = orjson.loads
 _NO_REQUEST: dict = {}   # what a push of a run (push_run) is answered for: a request with nothing to echo
 # A batch push's fields that leave it canonical (its data taken as written, qpush_batch) when they follow the
-# messages: the request's own, which apply to the whole batch as they would anyway.
-_CANONICAL_BATCH = frozenset(("op", "queue", "messages", "priority", "delay_ms", "dedup_id", "id"))
+# messages: the request's own (a push's fields and the id its reply echoes), which apply to the whole batch as
+# they would anyway.
+_CANONICAL_BATCH = frozenset(("op", "queue", "messages", "id", *_FIELDS["push"]))
 
 
 def _message(m: tuple) -> bytes:
