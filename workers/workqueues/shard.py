@@ -1002,12 +1002,13 @@ class Shard:
             self.journal.tick()
         except OSError as exc:
             log.error("work-queue journal: fsync failed: %s", exc.strerror or exc)
-        if time.monotonic() >= self._forget_at:
+        now = time.monotonic()
+        if now >= self._forget_at:
             self._forget_idle()
-        if time.monotonic() >= self._trim_at:
-            self._trim_at = time.monotonic() + _TRIM_EVERY_S
+        if now >= self._trim_at:
+            self._trim_at = now + _TRIM_EVERY_S
             history.trim([h for q in self.queues.values() for h in (q._recent, q._acks, q.tokens)], HISTORY_BUDGET)
-        if time.monotonic() < self._compact_after:
+        if now < self._compact_after:
             return
         try:
             self.compact()
