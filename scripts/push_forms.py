@@ -5,10 +5,12 @@ pushes of 120-byte strings over one NDJSON connection to a one-worker broker (do
     .venv/bin/python scripts/push_forms.py                      # every form, twice, alternately
     .venv/bin/python scripts/push_forms.py --forms single,dedup --messages 400000
 
-Forms: ``single`` (the canonical ``{"op":"qpush","queue":Q,"data":D}``, taken a run at a time), ``priority`` and
-``dedup`` (the same with a ``priority`` or a ``dedup_id``: each line on its own), ``batch`` (100 messages of
-nothing but data a request) and ``batchdedup`` (the same with the request's ``dedup_id`` after its messages).  At
-most 1,000 requests are unanswered at a time, under the connection's pipelining bound.
+Forms: ``single`` (the canonical ``{"op":"qpush","queue":Q,"data":D}``, taken a run at a time), ``priority`` (the
+same with ``,"priority":4`` after the data, also a run at a time), ``delay`` (``,"delay_ms":60000``, likewise),
+``spaced`` (the priority push as ``json.dumps`` writes it, with spaces: each line parsed on its own), ``dedup``
+(with a ``dedup_id``: each line on its own), ``batch`` (100 messages of nothing but data a request) and
+``batchdedup`` (the same with the request's ``dedup_id`` after its messages).  At most 1,000 requests are
+unanswered at a time, under the connection's pipelining bound.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from harness import Broker  # noqa: E402
 
 DATA = b'"' + b"x" * 118 + b'"'
-FORMS = ("single", "priority", "dedup", "batch", "batchdedup")
+FORMS = ("single", "priority", "delay", "spaced", "dedup", "batch", "batchdedup")
 
 
 def lines(form: str, queue: bytes, n: int) -> list[bytes]:
@@ -37,6 +39,10 @@ def lines(form: str, queue: bytes, n: int) -> list[bytes]:
         return [head + b'"data":%s}\n' % DATA] * n
     if form == "priority":
         return [head + b'"data":%s,"priority":4}\n' % DATA] * n
+    if form == "delay":
+        return [head + b'"data":%s,"delay_ms":60000}\n' % DATA] * n
+    if form == "spaced":   # json.dumps's default separators: not canonical
+        return [head.replace(b",", b", ").replace(b":", b": ") + b'"data": %s, "priority": 4}\n' % DATA] * n
     if form == "dedup":
         return [head + b'"data":%s,"dedup_id":"m-%d"}\n' % (DATA, i) for i in range(n)]
     items = b",".join([b'{"data":%s}' % DATA] * 100)
@@ -49,7 +55,8 @@ def run(port: int, pids: list[int], form: str, n: int) -> tuple[float, float]:
     def cpu() -> float:
         return sum(sum(psutil.Process(p).cpu_times()[:2]) for p in pids)
 
-    batch = lines(form, b"forms.%s.%d" % (form.encode(), time.time_ns()), n)
+    queue = b"forms.%s.%d" % (form.encode(), time.time_ns())
+    batch = lines(form, queue, n)
     with socket.create_connection(("127.0.0.1", port)) as s:
         c0, t0 = cpu(), time.perf_counter()
         got, buf = 0, b""
@@ -62,6 +69,10 @@ def run(port: int, pids: list[int], form: str, n: int) -> tuple[float, float]:
                 got += chunk.count(b"\n")
                 buf = chunk[-200:]
         elapsed, used = time.perf_counter() - t0, cpu() - c0
+        # emptied, so that the forms after it are not measured against a broker holding millions of messages
+        s.sendall(b'{"op":"qpurge","queue":"%s"}\n' % queue)
+        while not s.recv(1 << 16).endswith(b"\n"):
+            pass
     if b'"ok":false' in buf:
         raise RuntimeError(f"{form}: refused: {buf!r}")
     return n / elapsed, used / n * 1e6
