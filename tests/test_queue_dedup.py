@@ -41,7 +41,8 @@ def test_a_push_sent_again_with_its_dedup_id_is_stored_once(start_broker):
 
         # pipelined single pushes (gathered into one request to the owner), each judged on its own
         lines = [{"op": "qpush", "queue": q, "data": i, **extra} for i, extra in enumerate(
-            [{"dedup_id": "p1"}, {"dedup_id": "p1"}, {}, {"dedup_id": "p2"}, {"dedup_id": 7}, {"dedup_id": "p2"}])]
+            [{"dedup_id": "p1"}, {"dedup_id": "p1"}, {}, {"dedup_id": "p2"}, {"dedup_id": 7}, {"dedup_id": "p2"},
+             {"dedup_id": ["p3"]}, {"dedup_id": {"p": 3}}])]
         conn.send(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
         replies = [json.loads(conn.line()) for _ in lines]
         assert replies[0] == {"ok": True, "id": replies[0]["id"]}
@@ -49,6 +50,7 @@ def test_a_push_sent_again_with_its_dedup_id_is_stored_once(start_broker):
         assert replies[2]["id"] not in (replies[0]["id"], replies[3]["id"]) and len(replies[2]) == 2
         assert replies[4] == {"ok": False, "error": "invalid_dedup_id", "min": 1, "max": 128}
         assert replies[5] == {"ok": True, "id": replies[3]["id"], "duplicate": True}
+        assert replies[6] == replies[7] == replies[4]
         assert [m["data"] for m in recv(conn, q, max=10)] == [0, 2, 3]
 
         # a batch: its dedup_id names the whole batch
@@ -68,11 +70,34 @@ def test_a_push_sent_again_with_its_dedup_id_is_stored_once(start_broker):
         assert push(conn, q, "h", dedup_id="\u00e9t\u00e9 \u2603")
         s = stat(conn, q)
         assert (s["visible"], s["duplicate_pushes"]) == (4, 2 + 1 + 2 + 2)   # a, b, g, h: nothing else stored
+        recv(conn, q, max=10)
+
+        # in the canonical form (speedups.ndjson_runs), a dedup_id last: pipelined pushes with new ids are stored
+        # together, their data as written; a read that names an id known, or one twice, is judged push by push
+        head = b'{"op":"qpush","queue":"%s","data":' % q.encode()
+        conn.send(b"".join(head + b'{"n": %d},"priority":6,"dedup_id":"c%d"}\n' % (i, i) for i in range(3)))
+        ids = [conn.json() for _ in range(3)]
+        assert all(r == {"ok": True, "id": r["id"]} for r in ids) and len({r["id"] for r in ids}) == 3
+        replies = []
+        for named in ([b"c1", b"m0"], [b"m1", b"m1", b"m2"], [b"x" * 129]):   # one read each
+            conn.send(b"".join(head + b'%d,"dedup_id":"%s"}\n' % (len(replies) + i, u) for i, u in enumerate(named)))
+            replies += [conn.json() for _ in named]
+        assert replies[0] == {"ok": True, "id": ids[1]["id"], "duplicate": True}
+        assert replies[3] == {"ok": True, "id": replies[2]["id"], "duplicate": True}
+        new = [replies[i]["id"] for i in (1, 2, 4)]
+        assert all(len(replies[i]) == 2 for i in (1, 2, 4)) and len(set(new)) == 3
+        assert replies[5] == {"ok": False, "error": "invalid_dedup_id", "min": 1, "max": 128}
+        conn.send(b'{"op":"qrecv","queue":"%s","max":10}\n' % q.encode())
+        raw = conn.line()
+        assert raw.count(b'"data":{"n": ') == 3   # as written
+        assert [(m["data"], m["priority"], m["id"]) for m in json.loads(raw)["messages"]] == [
+            ({"n": i}, 6, ids[i]["id"]) for i in range(3)] + [(1, 4, new[0]), (2, 4, new[1]), (4, 4, new[2])]
+        assert stat(conn, q)["duplicate_pushes"] == 7 + 2
         conn.close()
     with urllib.request.urlopen(f"http://127.0.0.1:{broker.ports['monitoring']}/metrics", timeout=10) as resp:
         metrics = resp.read().decode()
     for worker in (0, 1):
-        assert re.search(r'shardbroker_workqueue_duplicate_pushes_total\{queue="%s",worker="1"\} 7\.0'
+        assert re.search(r'shardbroker_workqueue_duplicate_pushes_total\{queue="%s",worker="1"\} 9\.0'
                          % re.escape(owned_by(1, f"dd{worker}")), metrics), metrics[-2000:]
 
 
@@ -106,6 +131,10 @@ def test_dedup_ids_outlive_a_kill_9_and_the_compaction_after_it(start_broker):
     batch = req(conn, "qpush", queue=q, messages=[{"data": "x"}, {"data": "y"}], dedup_id="batch-9")["ids"]
     (msg,) = recv(conn, q, max=1)
     assert req(conn, "qack", queue=q, receipt=msg["receipt"])["ok"]
+    with on_worker(broker.port, 1) as at_owner:   # pipelined on the owner: stored as one record, an id each
+        at_owner.send(b"".join(json.dumps({"op": "qpush", "queue": q, "data": i, "dedup_id": f"run-{i}"}).encode()
+                               + b"\n" for i in range(5)))
+        run = [at_owner.json()["id"] for _ in range(5)]
 
     def owner(key):   # None while the worker is being replaced (/varz lists the workers up)
         return next((w[key] for w in broker.varz()["workers"] if w["worker"] == 1), None)
@@ -125,8 +154,10 @@ def test_dedup_ids_outlive_a_kill_9_and_the_compaction_after_it(start_broker):
         assert again == {"ok": True, "id": first, "duplicate": True}
         assert req(conn, "qpush", queue=q, messages=[{"data": "z"}], dedup_id="batch-9") == {
             "ok": True, "ids": batch, "duplicate": True}
+        assert [req(conn, "qpush", queue=q, data=-1, dedup_id=f"run-{i}") for i in range(5)] == [
+            {"ok": True, "id": run[i], "duplicate": True} for i in range(5)]
     s = stat(conn, q)
-    assert s["messages"] == 2 and s["in_flight"] == 0   # x and y; "once" acked, nothing stored twice
+    assert s["messages"] == 7 and s["in_flight"] == 0   # x, y, the run; "once" acked, nothing stored twice
     conn.close()
 
 

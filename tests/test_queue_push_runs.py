@@ -92,6 +92,52 @@ def test_a_run_is_checked_against_the_users_permissions(start_broker):
         assert [anonymous.json()["error"] for _ in range(2)] == ["auth_required"] * 2
 
 
+def test_runs_of_pushes_with_a_priority_or_a_delay_keep_them_and_refuse_alone_what_is_out_of_range(start_broker):
+    """``,"priority":N`` and ``,"delay_ms":N`` after the data (the order orjson writes a dict in) keep a push on the
+    fast path, a run being pushes with the same ones; each push is stored with its own, and one out of range is
+    refused as the general path refuses it, alone."""
+    b = start_broker(workers=2, config={"queues": {"move_connections": False}})
+    for owner in (1, 0):   # across workers (one by one on the owner, each with its token), then on the owner
+        conn, q = placed(b, f"opts{owner}", 0, owner)
+        pushes = [(0, b""), (1, b""), (2, b',"priority":9'), (3, b',"priority":9'), (4, b',"priority":0'),
+                  (5, b',"delay_ms":300'), (6, b',"priority":7,"delay_ms":300'), (7, b',"priority":10'),
+                  (8, b',"delay_ms":43200001'), (9, b',"priority":9'), (10, b',"priority":0'), (11, b',"delay_ms":300'),
+                  (12, b',"priority":4,"delay_ms":0')]
+        conn.send(b"".join(b'{"op":"qpush","queue":"%s","data":{"n": %d}%s}\n' % (q.encode(), n, options)
+                           for n, options in pushes))
+        replies = [conn.json() for _ in pushes]
+        # the same two pushes out of range in another spelling, which the general path takes
+        conn.send(b'{"data":7,"op":"qpush","queue":"%s","priority":10}\n' % q.encode()
+                  + b'{"data":8,"queue":"%s","op":"qpush","delay_ms":43200001}\n' % q.encode())
+        assert replies[7] == conn.json() == {"ok": False, "error": "invalid_priority", "min": 0, "max": 9}
+        assert replies[8] == conn.json() == {"ok": False, "error": "invalid_delay", "min": 0, "max": 43200000}
+        assert all(r["ok"] for i, r in enumerate(replies) if i not in (7, 8))
+        ids = {n: r["id"] for (n, _), r in zip(pushes, replies) if r["ok"]}
+        s = stat(conn, q)
+        assert (s["visible"], s["delayed"], s["pushed"]) == (8, 3, 11)
+        conn.send(compact({"op": "qrecv", "queue": q, "max": 100}))
+        raw = conn.line()
+        assert raw.count(b'"data":{"n": ') == 8   # stored as written: these took the fast path
+        got = orjson.loads(raw)["messages"]
+        assert [(m["data"]["n"], m["priority"]) for m in got] == [
+            (2, 9), (3, 9), (9, 9), (0, 4), (1, 4), (12, 4), (4, 0), (10, 0)]
+        assert [m["id"] for m in got] == [ids[m["data"]["n"]] for m in got]
+        later = recv(conn, q, max=100, wait_ms=2000)
+        later += recv(conn, q, max=100, wait_ms=2000) if len(later) < 3 else []
+        assert sorted((m["data"]["n"], m["priority"]) for m in later) == [(5, 4), (6, 7), (11, 4)]
+        # in another spelling each line is parsed, and pushes with the same priority and delay are still stored
+        # together: a value that only equals the others' (true, 1.0) is refused, as it is alone
+        q2 = owned_by(owner, f"spelled{owner}")
+        for values, stored in (([b"1", b"1", b"true", b"1.0", b"1"], [(0, 1), (1, 1), (4, 1)]),
+                               ([b"1", b"null", b'"1"', b"1"], [(1, 4), (0, 1), (3, 1)])):   # null: the default
+            conn.send(b"".join(b'{"queue": "%s", "op": "qpush", "data": %d, "priority": %s}\n' % (q2.encode(), n, v)
+                               for n, v in enumerate(values)))
+            assert [conn.json().get("error") for _ in values] == [
+                "invalid_priority" if v in (b"true", b"1.0", b'"1"') else None for v in values]
+            assert [(m["data"], m["priority"]) for m in recv(conn, q2, max=100)] == stored
+        conn.close()
+
+
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers(min_value=-2 ** 80, max_value=2 ** 80)
     | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),

@@ -131,6 +131,9 @@ def _ndjson_qpush(queue: bytes, data: bytes) -> bytes:
 
 NDJSON_LINES = [_ndjson_qpush(b"q", b'{"a":[1,2]}'), _ndjson_qpush(b"q", b'"x"') + b"\r", _ndjson_qpush(b"q", b""),
                 _ndjson_qpush(b"q", b"1\r"), _ndjson_qpush(b"q", b"}"), _ndjson_qpush(b"q", b'1,"priority":2'),
+                _ndjson_qpush(b"q", b'1,"priority":2'), _ndjson_qpush(b"q", b'1,"delay_ms":10'),
+                _ndjson_qpush(b"q", b'1,"priority":9,"delay_ms":0'), _ndjson_qpush(b"q", b',"delay_ms":10'),
+                _ndjson_qpush(b"q", b'1,"priority":012'), _ndjson_qpush(b"q", b'1,"priority":999999999'),
                 _ndjson_qpush(b"q", b"\xc3\xa9\x7f"), _ndjson_qpush(b"a", b'"x"'),
                 _ndjson_pub(b"a", b"x"), _ndjson_pub(b"a", b""), _ndjson_pub(b"a.b", b"hello world"),
                 _ndjson_pub(b"a", b"x") + b"\r", _ndjson_pub(b"a", b'q\\"'), _ndjson_pub(b"", b"x"),
@@ -141,6 +144,16 @@ ndjson_lines = st.lists(st.one_of(st.sampled_from(NDJSON_LINES),
                                             st.binary(max_size=12)),
                                   st.builds(_ndjson_qpush, st.sampled_from([b"a", b"q", b"a b"]),
                                             st.binary(max_size=12)),
+                                  st.builds(lambda data, p, d, u: _ndjson_qpush(b"q", data + p + d + u),
+                                            st.binary(max_size=6),
+                                            st.sampled_from([b"", b',"priority":', b',"priority":1', b',"priority":0',
+                                                             b',"priority":10']),
+                                            st.sampled_from([b"", b',"delay_ms":', b',"delay_ms":0',
+                                                             b',"delay_ms":123456789', b',"delay_ms":9876543210']),
+                                            st.one_of(st.sampled_from([b"", b',"dedup_id":""', b',"dedup_id":"',
+                                                                       b',"dedup_id":"%s"' % (b"u" * 129)]),
+                                                      st.builds(lambda u: b',"dedup_id":"%s"' % u,
+                                                                st.binary(min_size=1, max_size=4)))),
                                   st.binary(max_size=40)), max_size=30)
 
 
@@ -200,8 +213,45 @@ def test_ndjson_runs_group_consecutive_publishes_to_one_topic():
     q1, q2 = _ndjson_qpush(b"a", b'{"n":1}'), _ndjson_qpush(b"a", b"2") + b"\r"
     lines = [q1, q2, a1, q1, _ndjson_qpush(b"b", b"3")]
     for runs in (compiled.ndjson_runs, purepath.ndjson_runs):   # pushes and publishes never share a run
-        assert runs(lines) == [(b"a", [b'{"n":1}', b"2"], [q1, q2], "qpush"), (b"a", [b'"1"'], [a1]),
-                               (b"a", [b'{"n":1}'], [q1], "qpush"), (b"b", [b"3"], [lines[-1]], "qpush")]
+        assert runs(lines) == [(b"a", [b'{"n":1}', b"2"], [q1, q2], b"", None), (b"a", [b'"1"'], [a1]),
+                               (b"a", [b'{"n":1}'], [q1], b"", None), (b"b", [b"3"], [lines[-1]], b"", None)]
+    # a priority, then a delay, after the data: a run is pushes with the same ones, which travel as they were written
+    p4, p4b, p4d = (_ndjson_qpush(b"a", b'"x"' + options) for options in
+                    (b',"priority":4', b',"priority":4', b',"priority":4,"delay_ms":250'))
+    d0, p0 = _ndjson_qpush(b"a", b'[1,"priority":3],"delay_ms":0'), _ndjson_qpush(b"a", b'1,"priority":0') + b"\r"
+    lines = [q1, p4, p4b, p4d, d0, p0]
+    for runs in (compiled.ndjson_runs, purepath.ndjson_runs):
+        assert runs(lines) == [(b"a", [b'{"n":1}'], [q1], b"", None),
+                               (b"a", [b'"x"', b'"x"'], [p4, p4b], b',"priority":4', None),
+                               (b"a", [b'"x"'], [p4d], b',"priority":4,"delay_ms":250', None),
+                               (b"a", [b'[1,"priority":3]'], [d0], b',"delay_ms":0', None),
+                               (b"a", [b"1"], [p0], b',"priority":0', None)]
+    # anything else after the data stays part of it (then not JSON: the line goes on its own), as does an option that
+    # is not a JSON integer of up to nine digits, one out of order or repeated, or one that would leave no data
+    for options in (b',"priority":04', b',"priority":-1', b',"priority":1234567890',
+                    b',"priority":1.0', b',"priority":"1"', b',"priority":1 ',
+                    b',"id":1', b',"dedup_id":""', b',"dedup_id":"%s"' % (b"k" * 129), b',"dedup_id":"a\\"b"',
+                    b',"dedup_id":"\xc3\xa9"', b',"dedup_id":1'):
+        line = _ndjson_qpush(b"a", b'"x"' + options)
+        for runs in (compiled.ndjson_runs, purepath.ndjson_runs):
+            assert runs([line]) == [(b"a", [b'"x"' + options], [line], b"", None)], options
+    line = _ndjson_qpush(b"a", b'"x","priority":1,"priority":2')
+    swapped = _ndjson_qpush(b"a", b'"x","delay_ms":1,"priority":2')
+    bare = _ndjson_qpush(b"a", b',"priority":2')
+    for runs in (compiled.ndjson_runs, purepath.ndjson_runs):
+        assert runs([line]) == [(b"a", [b'"x","priority":1'], [line], b',"priority":2', None)]
+        assert runs([swapped]) == [(b"a", [b'"x","delay_ms":1'], [swapped], b',"priority":2', None)]
+        assert runs([bare]) == [(b"a", [b',"priority":2'], [bare], b"", None)]
+    # a dedup_id last, of 1-128 plain characters: a run is pushes that all have one (and the same other options)
+    u1, u2, u3 = (_ndjson_qpush(b"a", b'"x"' + options) for options in
+                  (b',"dedup_id":"k-1"', b',"dedup_id":"%s"' % (b"k" * 128),
+                   b',"priority":9,"delay_ms":5,"dedup_id":"~ a"'))
+    lines = [u1, u2, q1, u3, u1]
+    for runs in (compiled.ndjson_runs, purepath.ndjson_runs):
+        assert runs(lines) == [(b"a", [b'"x"', b'"x"'], [u1, u2], b"", ["k-1", "k" * 128]),
+                               (b"a", [b'{"n":1}'], [q1], b"", None),
+                               (b"a", [b'"x"'], [u3], b',"priority":9,"delay_ms":5', ["~ a"]),
+                               (b"a", [b'"x"'], [u1], b"", ["k-1"])]
     with pytest.raises(TypeError):
         compiled.ndjson_runs([b"x", "y"])
     with pytest.raises(TypeError):
@@ -329,7 +379,9 @@ _PURE = {
     # runs of canonical pushes (purepath.ndjson_runs), canonical batch pushes (purepath.qpush_batch)
     "tests/test_queue_push_runs.py": [
         "a_long_run_of_pipelined_pushes_is_answered_in_order_and_stores_the_data_as_written",
+        "runs_of_pushes_with_a_priority_or_a_delay_keep_them_and_refuse_alone_what_is_out_of_range",
         "a_canonical_batch_push_stores_each_data_as_written"],
+    "tests/test_queue_dedup.py": ["a_push_sent_again_with_its_dedup_id_is_stored_once"],
 }
 PURE_PATH_TESTS = [f"{path}::test_{name}" for path, names in _PURE.items() for name in names]
 

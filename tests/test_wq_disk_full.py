@@ -120,6 +120,33 @@ def test_a_push_that_cannot_be_journaled_is_undone_and_refused(tmp_path):
 
 
 @pytestmark_unit
+def test_an_undone_run_of_pushes_forgets_their_dedup_ids(tmp_path):
+    """Single pushes with their own dedup_ids stored together (one record, an id remembered per push): when the
+    record cannot be written, every one of the ids is forgotten with the messages, so the producer's retry stores
+    them; and a retry once they are written is known, through a replay too."""
+    def body():
+        d = Disk(str(tmp_path / "j"))
+        run_ = ("pushes", {"queue": "jobs", "pushes": [
+            {"data": b"a", "kind": 0, "dedup_id": "a"}, {"data": b"b", "kind": 0}, b"c",
+            {"data": b"d", "kind": 0, "dedup_id": "d"}], "priority": 4})
+        d.full()
+        (refused,) = d.turn(run_)
+        assert refused == [REFUSED] and not d.shard.queue("jobs").messages
+        d.free()
+        (stored,) = d.turn(run_)
+        ids = stored[0]["ids"]
+        assert len(ids) == 4 and d.shard.queue("jobs").visible == 4
+        (again,) = d.turn(run_)   # the same pushes again: the two with ids are known, the others stored anew
+        results = again[0]["results"]
+        assert [r.get("duplicate") for r in results] == [True, None, None, True]
+        assert (results[0]["id"], results[3]["id"]) == (ids[0], ids[3])
+        replayed = d.replayed().queue("jobs")
+        assert (replayed.tokens.get("a"), replayed.tokens.get("d"), len(replayed.messages)) == (ids[0], ids[3], 6)
+        d.close()
+    run(body)
+
+
+@pytestmark_unit
 def test_a_receive_is_undone_and_an_ack_waits_for_the_disk(tmp_path):
     def body():
         d = Disk(str(tmp_path / "j"))

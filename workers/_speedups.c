@@ -373,10 +373,63 @@ static PyObject *unplain(PyObject *module, PyObject *datas)
 static const char QPUSH_HEAD[] = "{\"op\":\"qpush\",\"queue\":\"";
 static const char QPUSH_MID[] = "\",\"data\":";
 
+static const char PRIORITY_KEY[] = ",\"priority\":";
+static const char DELAY_KEY[] = ",\"delay_ms\":";
+#define MAX_OPTION_DIGITS 9
+
+/* Where `key` and the JSON integer after it (0, or up to MAX_OPTION_DIGITS digits without a leading zero) start,
+ * when they end b[lo:end]; else end. */
+static Py_ssize_t int_option(const unsigned char *b, Py_ssize_t lo, Py_ssize_t end, const char *key, Py_ssize_t klen)
+{
+    Py_ssize_t i = end;
+    while (i > lo && end - i <= MAX_OPTION_DIGITS && b[i - 1] >= '0' && b[i - 1] <= '9')
+        i--;
+    if (i == end || end - i > MAX_OPTION_DIGITS || (end - i > 1 && b[i] == '0') || i - lo < klen
+        || memcmp(b + i - klen, key, (size_t)klen) != 0)
+        return end;
+    return i - klen;
+}
+
+static const char DEDUP_KEY[] = ",\"dedup_id\":\"";
+#define MAX_DEDUP_CHARS 128
+
+/* Where `,"dedup_id":"` and the rest of the string after it (1 to MAX_DEDUP_CHARS plain characters, its closing
+ * quote) start, when they end b[lo:end], with *v0 where its characters start; else end. */
+static Py_ssize_t dedup_option(const unsigned char *b, Py_ssize_t lo, Py_ssize_t end, Py_ssize_t *v0)
+{
+    Py_ssize_t last = end - 1, from, i, klen = sizeof(DEDUP_KEY) - 1;
+    const unsigned char *quote;
+    if (last <= lo || b[last] != '"')
+        return end;
+    /* The quote before the last one, found at memrchr's speed: a push's data is often a string that ends the
+     * same way, and it is the key before that quote that tells them apart, not its plain characters. */
+    from = last - 1 - MAX_DEDUP_CHARS > lo ? last - 1 - MAX_DEDUP_CHARS : lo;
+#ifdef __GLIBC__
+    quote = memrchr(b + from, '"', (size_t)(last - from));
+#else
+    for (quote = NULL, i = last - 1; i >= from; i--)
+        if (b[i] == '"') {
+            quote = b + i;
+            break;
+        }
+#endif
+    if (quote == NULL)
+        return end;
+    i = quote - b + 1;   /* the value's first character */
+    if (i == last || i - lo < klen || memcmp(b + i - klen, DEDUP_KEY, (size_t)klen) != 0
+        || !all_plain(b + i, last - i))
+        return end;
+    *v0 = i;
+    return i - klen;
+}
+
 /* A canonical NDJSON single push (purepath's _NDJSON_QPUSH, matched whole): the data is whatever follows, up to
- * the closing brace, without control characters.  -> 1 with the queue's and the data's offsets, or 0. */
+ * the closing brace or to the options before it (`,"priority":N`, then `,"delay_ms":N`, then
+ * `,"dedup_id":"..."`, each optional), without control characters.  -> 1 with the queue's and the data's offsets,
+ * where the priority and delay end (they start where the data ends), and the dedup_id's characters (*u0 -1:
+ * none), or 0. */
 static int match_ndjson_qpush(const unsigned char *b, Py_ssize_t n, Py_ssize_t *t0, Py_ssize_t *t1,
-                              Py_ssize_t *d0, Py_ssize_t *d1)
+                              Py_ssize_t *d0, Py_ssize_t *d1, Py_ssize_t *o1, Py_ssize_t *u0, Py_ssize_t *u1)
 {
     Py_ssize_t i = match_name(b, n, QPUSH_HEAD, sizeof(QPUSH_HEAD) - 1, QPUSH_MID, sizeof(QPUSH_MID) - 1, t0, t1);
     Py_ssize_t end = n, j;
@@ -390,40 +443,44 @@ static int match_ndjson_qpush(const unsigned char *b, Py_ssize_t n, Py_ssize_t *
         if (b[j] < 0x20)
             return 0;
     *d0 = i;
-    *d1 = end - 1;
+    /* the data keeps a byte at least: it is checked as JSON later, and what is not goes line by line */
+    *u0 = -1;
+    *o1 = dedup_option(b, i + 1, end - 1, u0);
+    *u1 = end - 2;   /* the dedup_id's closing quote */
+    j = int_option(b, i + 1, *o1, DELAY_KEY, sizeof(DELAY_KEY) - 1);
+    *d1 = int_option(b, i + 1, j, PRIORITY_KEY, sizeof(PRIORITY_KEY) - 1);
     return 1;
 }
 
-static PyObject *QPUSH;   /* "qpush": the mark of a run of pushes */
-
 static PyObject *ndjson_runs(PyObject *module, PyObject *lines)
 {
-    PyObject *out, *payloads = NULL, *run_lines = NULL;
-    const char *topic = NULL;   /* the open run's topic or queue, inside a line that run_lines keeps alive */
-    int run_kind = 0;           /* the open run's: 1 publishes, 2 pushes */
-    Py_ssize_t topic_len = 0, count, i;
+    PyObject *out, *payloads = NULL, *run_lines = NULL, *dedups = NULL;
+    /* the open run's topic or queue, and a push run's options, inside a line that run_lines keeps alive */
+    const char *topic = NULL, *options = NULL;
+    int run_kind = 0;           /* the open run's: 1 publishes, 2 pushes, 3 pushes with a dedup_id each */
+    Py_ssize_t topic_len = 0, options_len = 0, count, i;
 
     if (!PyList_Check(lines)) {
         PyErr_SetString(PyExc_TypeError, "lines must be a list");
         return NULL;
     }
-    if (QPUSH == NULL && (QPUSH = PyUnicode_InternFromString("qpush")) == NULL)
-        return NULL;
     out = PyList_New(0);
     if (out == NULL)
         return NULL;
     count = PyList_GET_SIZE(lines);
     for (i = 0; i < count; i++) {
-        PyObject *line = PyList_GET_ITEM(lines, i), *data;
-        Py_ssize_t t0, t1, d0, d1;
+        PyObject *line = PyList_GET_ITEM(lines, i), *data, *dedup = NULL;
+        Py_ssize_t t0, t1, d0, d1, o1, u0 = -1, u1 = 0;
         const unsigned char *b;
         int kind = 0;
         if (PyBytes_Check(line)) {
             b = (const unsigned char *)PyBytes_AS_STRING(line);
-            if (match_ndjson_pub(b, PyBytes_GET_SIZE(line), &t0, &t1, &d0, &d1))
+            if (match_ndjson_pub(b, PyBytes_GET_SIZE(line), &t0, &t1, &d0, &d1)) {
                 kind = 1;
-            else if (match_ndjson_qpush(b, PyBytes_GET_SIZE(line), &t0, &t1, &d0, &d1))
-                kind = 2;
+                o1 = d1;
+            }
+            else if (match_ndjson_qpush(b, PyBytes_GET_SIZE(line), &t0, &t1, &d0, &d1, &o1, &u0, &u1))
+                kind = u0 < 0 ? 2 : 3;
         }
         if (kind == 0) {
             if (line != Py_None && !PyBytes_Check(line)) {
@@ -438,33 +495,52 @@ static PyObject *ndjson_runs(PyObject *module, PyObject *lines)
         data = PyBytes_FromStringAndSize((const char *)b + d0, d1 - d0);
         if (data == NULL)
             goto fail;
-        if (topic != NULL && kind == run_kind && t1 - t0 == topic_len
-            && memcmp(b + t0, topic, (size_t)topic_len) == 0) {
-            if (PyList_Append(payloads, data) < 0 || PyList_Append(run_lines, line) < 0) {
+        if (kind == 3 && (dedup = PyUnicode_DecodeASCII((const char *)b + u0, u1 - u0, NULL)) == NULL) {
+            Py_DECREF(data);
+            goto fail;
+        }
+        if (topic != NULL && kind == run_kind && t1 - t0 == topic_len && o1 - d1 == options_len
+            && memcmp(b + t0, topic, (size_t)topic_len) == 0
+            && memcmp(b + d1, options, (size_t)options_len) == 0) {
+            if (PyList_Append(payloads, data) < 0 || PyList_Append(run_lines, line) < 0
+                || (dedup != NULL && PyList_Append(dedups, dedup) < 0)) {
                 Py_DECREF(data);
+                Py_XDECREF(dedup);
                 goto fail;
             }
             Py_DECREF(data);
+            Py_XDECREF(dedup);
             continue;
         }
         {
-            PyObject *name = PyBytes_FromStringAndSize((const char *)b + t0, t1 - t0), *run;
+            PyObject *name = PyBytes_FromStringAndSize((const char *)b + t0, t1 - t0), *opts = NULL, *run = NULL;
             payloads = PyList_New(1);
             run_lines = PyList_New(1);
-            if (name == NULL || payloads == NULL || run_lines == NULL) {
+            dedups = kind == 3 ? PyList_New(1) : Py_NewRef(Py_None);
+            if (kind != 1)
+                opts = PyBytes_FromStringAndSize((const char *)b + d1, o1 - d1);
+            if (name == NULL || payloads == NULL || run_lines == NULL || dedups == NULL
+                || (kind != 1 && opts == NULL)) {
                 Py_XDECREF(name);
+                Py_XDECREF(opts);
                 Py_XDECREF(payloads);
                 Py_XDECREF(run_lines);
+                Py_XDECREF(dedups);
                 Py_DECREF(data);
+                Py_XDECREF(dedup);
                 goto fail;
             }
             PyList_SET_ITEM(payloads, 0, data);
             PyList_SET_ITEM(run_lines, 0, Py_NewRef(line));
+            if (dedup != NULL)
+                PyList_SET_ITEM(dedups, 0, dedup);
             run = kind == 1 ? PyTuple_Pack(3, name, payloads, run_lines)
-                            : PyTuple_Pack(4, name, payloads, run_lines, QPUSH);
+                            : PyTuple_Pack(5, name, payloads, run_lines, opts, dedups);
             Py_DECREF(name);
+            Py_XDECREF(opts);
             Py_DECREF(payloads);     /* the tuple holds them; so does `out` once appended */
             Py_DECREF(run_lines);
+            Py_DECREF(dedups);
             if (run == NULL || PyList_Append(out, run) < 0) {
                 Py_XDECREF(run);
                 goto fail;
@@ -472,6 +548,8 @@ static PyObject *ndjson_runs(PyObject *module, PyObject *lines)
             Py_DECREF(run);
             topic = (const char *)b + t0;
             topic_len = t1 - t0;
+            options = (const char *)b + d1;
+            options_len = o1 - d1;
             run_kind = kind;
         }
     }

@@ -64,37 +64,46 @@ def scan_pubs(buf: bytes, pos: int, max_line: int, max_payload: int) -> tuple:
 # printable ASCII but the quote and the backslash: a JSON string's content that needs no escape and no decoding
 _PLAIN = rb"[\x20\x21\x23-\x5b\x5d-\x7e]"
 _NDJSON_PUB = re.compile(rb'\{"op":"pub","topic":"(' + _PLAIN + rb'+)","data":("' + _PLAIN + rb'*")\}\r?')
-# A single push's data is any text without control characters, checked as JSON later (ndjson_ops.push_run).
-_NDJSON_QPUSH = re.compile(rb'\{"op":"qpush","queue":"(' + _PLAIN + rb'+)","data":([^\x00-\x1f]+)\}\r?')
-QPUSH = "qpush"
+# A single push's data is any text without control characters, checked as JSON later (ndjson_ops.push_run), and
+# its options after it, each optional: a priority, then a delay, JSON integers of up to nine digits, then a
+# dedup_id of 1-128 plain characters.
+_INT_OPTION = rb"(?:0|[1-9][0-9]{0,8})"
+_NDJSON_QPUSH = re.compile(rb'\{"op":"qpush","queue":"(' + _PLAIN + rb'+)","data":([^\x00-\x1f]+?)((?:,"priority":'
+                           + _INT_OPTION + rb')?(?:,"delay_ms":' + _INT_OPTION + rb')?)(?:,"dedup_id":"(' + _PLAIN
+                           + rb'{1,128})")?\}\r?')
 
 
 def ndjson_runs(lines: list) -> list:
     """-> the lines, where each run of consecutive canonical publishes to one topic is replaced by one
     ``(topic, payloads, lines)`` (payloads: the data values' JSON, quotes included), and each run of canonical
-    single pushes to one queue by one ``(queue, datas, lines, QPUSH)`` (datas: the text of the data values, not
-    yet known to be JSON)."""
+    single pushes to one queue with the same options by one ``(queue, datas, lines, options, dedups)`` (datas:
+    the text of the data values, not yet known to be JSON; options: the priority and delay after them, ``b""`` or
+    ``b',"priority":4,"delay_ms":100'`` or either part alone; dedups: each push's ``dedup_id``, after those, for a
+    run of pushes that all have one, else None)."""
     out: list = []
     pub = _NDJSON_PUB.fullmatch
     qpush = _NDJSON_QPUSH.fullmatch
-    run = None   # the open run: (kind, name, values, lines)
+    run = None   # the open run: ((name, (options, has a dedup_id) or None for publishes), values, lines, dedups)
     for line in lines:
-        m = kind = None
+        m = None
         if line is not None:
             m = pub(line)
             if m is None:
-                m, kind = qpush(line), QPUSH
+                m = qpush(line)
         if m is None:
             out.append(line)
             run = None
             continue
-        name, value = m.groups()
-        if run is not None and run[0] is kind and run[1] == name:
-            run[2].append(value)
-            run[3].append(line)
+        name, value, *push = m.groups()
+        key = (name, (push[0], push[1] is not None) if push else None)
+        if run is not None and run[0] == key:
+            run[1].append(value)
+            run[2].append(line)
+            if run[3] is not None:
+                run[3].append(push[1].decode())
             continue
-        run = (kind, name, [value], [line])
-        out.append(run[1:] if kind is None else run[1:] + (QPUSH,))
+        run = (key, [value], [line], [push[1].decode()] if push and push[1] is not None else None)
+        out.append((name, run[1], run[2], push[0], run[3]) if push else (name, run[1], run[2]))
     return out
 
 

@@ -454,7 +454,7 @@ class Queue:
             _, token, seq, ids, data_kind, datas, priority, wall = record
             ids = [ids[i:i + ID_CHARS] for i in range(0, len(ids), ID_CHARS)]
             if token is not None:
-                self._token(token, tuple(ids))
+                self._tokens(token, ids)
             self._store_run(seq, ids, data_kind, datas, priority, wall)
         elif kind == "tokens":   # a compaction's: the pushes' tokens still remembered, which outlive the messages
             for token, ids in record[1]:
@@ -462,7 +462,7 @@ class Queue:
         elif kind == "pushes":
             _, token, messages, ready_ats = record
             if token is not None:
-                self._token(token, tuple(m[ID] for m in messages))
+                self._tokens(token, [m[ID] for m in messages])
             self._store(messages, ready_ats)
         elif kind == "push":
             (_, seq, msg_id, data_kind, data, priority, enqueued_at, ready_at, deliveries, reason, source,
@@ -537,6 +537,16 @@ class Queue:
     def _token(self, token: tuple, ids: object) -> None:
         tokens = self.tokens
         tokens[token] = ids
+
+    def _tokens(self, token: tuple | str | list, ids: list[str]) -> None:
+        """The token of a record of several messages: a batch's (one for all of them), or a list of single pushes'
+        own, one per message (None: that push has none)."""
+        if type(token) is not list:
+            self._token(token, tuple(ids))
+            return
+        for one, msg_id in zip(token, ids):
+            if one is not None:
+                self._token(one, msg_id)
 
     def _store(self, messages: list, ready_ats: list | None) -> None:
         """New messages (tuples, in increasing sequence order, as every record lists them), visible or
@@ -671,8 +681,9 @@ class Queue:
         self._journal(self.name, record)
         return msg_id
 
-    def push_many(self, items: list[tuple], now: int, wall: int, token: tuple | None = None) -> list[str]:
-        """Store a batch of checked messages, ``(kind, data, priority, delay_ms)`` each, in one record.  -> ids."""
+    def push_many(self, items: list[tuple], now: int, wall: int, token: tuple | str | list | None = None) -> list[str]:
+        """Store a batch of checked messages, ``(kind, data, priority, delay_ms)`` each, in one record (``token``:
+        ``_tokens``).  -> ids."""
         seq = self.next_seq
         ids = new_ids(len(items))
         messages = [(seq + i, ids[i], kind, data, priority, wall, "", "", 0)
@@ -684,15 +695,16 @@ class Queue:
         return ids
 
     def push_data(self, kind: int, datas: list[bytes], priority: int, delay_ms: int, now: int, wall: int,
-                  token: tuple | None = None) -> list[str]:
+                  token: tuple | str | list | None = None) -> list[str]:
         """Store a batch of checked data of one kind, priority and delay, in one record (``pushcol`` without a
-        delay: applied here directly, as ``apply`` would, without splitting its ids again).  -> ids."""
+        delay: applied here directly, as ``apply`` would, without splitting its ids again; ``token``: ``_tokens``).
+        -> ids."""
         if delay_ms:   # a pushcol has no delays: a delayed batch is a pushes record, as push_many makes it
             return self.push_many([(kind, data, priority, delay_ms) for data in datas], now, wall, token)
         seq = self.next_seq
         ids = new_ids(len(datas))
         if token is not None:
-            self._token(token, tuple(ids))
+            self._tokens(token, ids)
         self._store_run(seq, ids, kind, datas, priority, wall)
         self._journal(self.name, ("pushcol", token, seq, "".join(ids), kind, datas, priority, wall))
         return ids
@@ -869,8 +881,9 @@ class Queue:
         before anything else touched these messages (shard._roll_back sees to it; a lease of them in the same
         turn is undone first, with ``undo_leases``, and named in ``off_heap``).  -> the messages' ids."""
         items, token = pushed_seqs(record), record[12] if record[0] == "push" else record[1]
-        if token is not None:
-            self.tokens.pop(token, None)
+        for one in token if type(token) is list else (token,):
+            if one is not None:
+                self.tokens.pop(one, None)
         store, delay_at, ready = self.messages, self.delay_at, self._ready
         ids = []
         for seq in reversed(items):

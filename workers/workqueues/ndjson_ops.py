@@ -199,12 +199,13 @@ PUSH = OPS["qpush"]
 
 
 def push_run(session: "NdjsonSession", run: tuple) -> None:
-    """A run of canonical single pushes to one queue (``speedups.ndjson_runs``: nothing but op, queue and data, in
-    that order), gathered as ``qpush`` gathers them, with one reply slot for the run instead of one per push and
-    the data stored as the client wrote it.  The turn takes its share (``PUSHES_PER_TURN``); the rest waits for
-    the next turn (``leftover``).  Anything that needs more goes one line at a time: a connection still movable,
-    a login or permission to check, data that is not valid JSON, a connection near its pipelining bound."""
-    queue_b, datas, lines, _ = run
+    """A run of canonical single pushes to one queue with the same options (``speedups.ndjson_runs``: nothing but
+    op, queue and data, in that order, then a priority and a delay or either, then a dedup_id for all or none),
+    gathered as ``qpush`` gathers them, with one reply slot for the run instead of one per push and the data stored
+    as the client wrote it.  The turn takes its share (``PUSHES_PER_TURN``); the rest waits for the next turn
+    (``leftover``).  Anything that needs more goes one line at a time: a connection still movable, a login or
+    permission to check, data that is not valid JSON, a connection near its pipelining bound."""
+    queue_b, datas, lines, options, dedups = run
     queue = queue_b.decode()   # ASCII: ndjson_runs lets nothing else through
     if session.movable or session.pending_replies >= MAX_PIPELINED - 1 or (session._secure and (
             session.user is None or not allowed(session.user.permissions, "push", queue))):
@@ -220,27 +221,38 @@ def push_run(session: "NdjsonSession", run: tuple) -> None:
         Connection._run(session, lines)
         return
     if room < len(datas):
-        session.leftover = (queue_b, datas[room:], lines[room:], run[3])
+        session.leftover = (queue_b, datas[room:], lines[room:], options,
+                            dedups[room:] if dedups is not None else None)
         datas = datas[:room]
+    if dedups is not None:   # each its own dedup_id: a push's args, with the run's priority and delay
+        fields = _options(options)
+        datas = [{"data": data, "kind": KIND_JSON, "dedup_id": dedup, **fields} for data, dedup in zip(datas, dedups)]
     hub.turn_work += _PUSH_WORK * room
     group = session.push_group
-    if group is not None and (group.queue != queue or len(group.pushes) + room > MAX_BATCH):
+    if group is not None and (group.queue != queue or group.options != options
+                              or len(group.pushes) + room > MAX_BATCH):
         flush_pushes(session)
         group = None
     if group is None:
-        group = session.push_group = _PushGroup(queue)
-    group.pushes.extend(datas)   # a push of nothing but JSON data travels as its bytes
+        group = session.push_group = _PushGroup(queue, options)
+    group.pushes.extend(datas)   # a push of nothing but JSON data (and the group's options) travels as its bytes
     group.replies.append((_NO_REQUEST, session.reserve(), room))
+
+
+def _options(text: bytes) -> dict:
+    """A run's options (``,"priority":4,"delay_ms":100``, either, or ``b""``) as a push's args have them."""
+    return _loads(b"{%s}" % text[1:]) if text else {}
 
 
 class _PushGroup:
     """Single pushes to one queue read together: sent to its owner as one request (``pushes``), each still stored
     or refused on its own and answered in its own place."""
 
-    __slots__ = ("queue", "pushes", "replies")
+    __slots__ = ("queue", "options", "pushes", "replies")
 
-    def __init__(self, queue: str) -> None:
+    def __init__(self, queue: str, options: bytes = b"") -> None:
         self.queue = queue
+        self.options = options   # the runs' options (push_run): the text after their data, b"" for none
         self.pushes: list[dict | bytes] = []   # a push's args, or the data of a run's push (push_run)
         # (request, reply slot, how many pushes in order it answers: 1, or a run's pushes in one reply)
         self.replies: list[tuple[dict, list, int]] = []
@@ -250,9 +262,11 @@ def flush_pushes(session: "NdjsonSession") -> None:
     """Send the connection's gathered pushes: at the end of what it read, or before any other request."""
     group, session.push_group = session.push_group, None
     service = session.hub.queue_service
+    options = _options(group.options)   # for those of its pushes that are data's bytes alone
     if len(group.pushes) == 1:
         (args,), ((req, slot, _),) = group.pushes, group.replies
-        args = {"data": args, "kind": KIND_JSON} if type(args) is bytes else args
+        if type(args) is bytes:
+            args = {"data": args, "kind": KIND_JSON, **options}
         args["queue"] = group.queue
         service.request(session.cid, "push", args, lambda result: session.fill(slot, _pushed(req, result)))
         return
@@ -277,4 +291,4 @@ def flush_pushes(session: "NdjsonSession") -> None:
             session.fill(slot, b"".join([_pushed(req, one) for one in results[i:i + n]]))
             i += n
 
-    service.request(session.cid, "pushes", {"queue": group.queue, "pushes": group.pushes}, answer)
+    service.request(session.cid, "pushes", {"queue": group.queue, "pushes": group.pushes, **options}, answer)

@@ -42,6 +42,7 @@ Reply = Callable[[dict], None]
 MAX_BATCH = 1000            # messages a receive leases, receipts an ack takes, messages a push stores, at most
 MAX_WAIT_MS = 300_000
 MAX_DEDUP_ID = 128          # characters of a push's dedup_id (SQS's MessageDeduplicationId)
+_RUN_OPTIONS = ("priority", "delay_ms")   # a ``pushes`` request's: those of its pushes that are data's bytes alone
 # Long polls waiting at once: a waiter costs a few hundred bytes, but a client must not be able to add them
 # without end (a NATS connection can send any number of receives).
 MAX_WAITERS_PER_CONNECTION = 1000
@@ -96,6 +97,17 @@ class Waiter:
         self.release = release
         self.deadline = deadline
         self.done = False
+
+
+def _run_push(item: dict | bytes, options: dict) -> tuple | None:
+    """One of a ``pushes`` request's pushes as (data, kind, priority, delay_ms, dedup_id), the data's bytes alone
+    taking the request's ``options``; None: it has fields that a run of pushes stored together does not take."""
+    if type(item) is bytes:
+        return item, KIND_JSON, options.get("priority", DEFAULT_PRIORITY), options.get("delay_ms", 0), None
+    if len(item) > 2 + ("priority" in item) + ("delay_ms" in item) + ("dedup_id" in item):
+        return None
+    return (item.get("data"), item.get("kind"), item.get("priority", DEFAULT_PRIORITY), item.get("delay_ms", 0),
+            item.get("dedup_id"))
 
 
 def _int(args: dict, key: str, default: int, lo: int, hi: int) -> int:
@@ -489,11 +501,11 @@ class Shard:
             return self._push_many(q, args)
         return self._push_one(q, args, self._token(args))
 
-    def _push_one(self, q: Queue, args: dict | bytes, token: tuple | str | None, clock: tuple[int, int] | None = None
-                  ) -> dict:
+    def _push_one(self, q: Queue, args: dict | bytes, token: tuple | str | None, clock: tuple[int, int] | None = None,
+                  options: dict | None = None) -> dict:
         """One push; ``clock``: (monotonic, wall) ns, read once for the pushes that arrived together."""
-        if type(args) is bytes:   # a push of nothing but JSON data (``pushes``)
-            args = {"data": args, "kind": KIND_JSON}
+        if type(args) is bytes:   # a push of JSON data and ``options`` (``pushes``)
+            args = {"data": args, "kind": KIND_JSON, **(options or {})}
         if token is not None:
             stored = q.tokens.get(token)
             if stored is not None:  # sent again (a client's retry, a resend after a crash): one copy
@@ -513,21 +525,22 @@ class Shard:
 
     def _pushes(self, args: dict, holder: tuple, reply: Reply) -> dict:
         """Single pushes to one queue that arrived together (``pushes``: a list of push args without ``queue``, or
-        the bytes of a push of nothing but JSON data: ndjson_ops.push_run), each stored or refused on its own, as
-        if sent one by one (unlike a batch push's all or nothing); one call and, from another worker, one request
-        instead of one each.  -> ``{"ok": true, "results": [...]}``, or ``{"ok": true, "ids": [...]}`` when every
-        one was stored."""
+        the bytes of a push of JSON data with the request's ``priority`` and ``delay_ms``, if any:
+        ndjson_ops.push_run), each stored or refused on its own, as if sent one by one (unlike a batch push's all
+        or nothing); one call and, from another worker, one request instead of one each.  -> ``{"ok": true,
+        "results": [...]}``, or ``{"ok": true, "ids": [...]}`` when every one was stored."""
         q = self._pushed_to(args)
         token = self._token(args)
         clock = (time.monotonic_ns(), time.time_ns())
+        options = {key: args[key] for key in _RUN_OPTIONS if key in args}
         if token is None:
-            stored = self._push_run(q, args["pushes"], clock)
+            stored = self._push_run(q, args["pushes"], clock, options)
             if stored is not None:
                 return stored
         results = []
         for i, item in enumerate(args["pushes"]):
             try:
-                results.append(self._push_one(q, item, self._item_token(item, token, i), clock))
+                results.append(self._push_one(q, item, self._item_token(item, token, i), clock, options))
             except QueueError as exc:
                 results.append(exc.result())
         return {"ok": True, "results": results}
@@ -539,36 +552,45 @@ class Shard:
             return self._token(item)
         return token + (i,) if token is not None else None
 
-    def _push_run(self, q: Queue, items: list[dict | bytes], clock: tuple[int, int]) -> dict | None:
-        """Plain single pushes (data and kind, nothing else; or JSON data's bytes alone) from this worker that all
-        fit now: stored together, as one record, which is what pushing them one by one would have come to (each
-        stored, in order), for less work per push.  None: not such a run (a push with options, data of different
-        kinds, one too large, a queue too full for all of them), for the one-by-one path to decide each on its own.
-        Pushes from another worker carry tokens, one per push, which a batch record does not keep: they go one by
-        one."""
+    def _push_run(self, q: Queue, items: list[dict | bytes], clock: tuple[int, int], options: dict) -> dict | None:
+        """Single pushes from this worker with one kind, priority and delay (args with data, kind and at most
+        those and a ``dedup_id``; or JSON data's bytes, with ``options``' priority and delay) that all fit now:
+        stored together, as one record (with each push's ``dedup_id``, if any), which is what pushing them one by
+        one would have come to (each stored, in order), for less work per push.  None: not such a run (a push with
+        other fields, pushes of different kinds, priorities or delays, one too large, a queue too full for all of
+        them, a priority or delay out of range, a ``dedup_id`` invalid, known or named twice), for the one-by-one
+        path to decide each on its own.  Pushes from another worker carry tokens, one per push under the
+        request's: they go one by one."""
         s = q.settings
-        datas, kind = items, KIND_JSON
+        datas, kind, tokens = items, KIND_JSON, None
+        priority, delay = options.get("priority", DEFAULT_PRIORITY), options.get("delay_ms", 0)
         sizes = [len(item) for item in items if type(item) is bytes]
         if len(sizes) != len(items):   # not all of them JSON data's bytes alone (the common case, checked at once)
-            datas, sizes, kinds = [], [], []
-            for item in items:
-                if type(item) is bytes:
-                    data, kind = item, KIND_JSON
-                else:
-                    data, kind = item.get("data"), item.get("kind")
-                    if len(item) != 2 or data is None or kind is None:
-                        return None
-                datas.append(data)
-                sizes.append(len(data))
-                kinds.append(kind)
-            if kinds.count(kind) != len(kinds):   # one record stores one kind
+            pushes = [_run_push(item, options) for item in items]
+            if None in pushes:
                 return None
+            datas, kinds, priorities, delays, dedups = (list(column) for column in zip(*pushes))
+            kind, priority, delay = kinds[0], priorities[0], delays[0]
+            # one kind, priority and delay; ints alone (a True or a 1.0 equals a 1, and is refused on its own)
+            if None in datas or type(kind) is not int or not all(type(v) is int for v in priorities + delays) \
+                    or kinds.count(kind) + priorities.count(priority) + delays.count(delay) != 3 * len(pushes):
+                return None
+            named = [dedup for dedup in dedups if dedup is not None]
+            if named:   # each dedup_id valid, new, and once: else each push is judged on its own
+                if not all(type(dedup) is str and 0 < len(dedup) <= MAX_DEDUP_ID and q.tokens.get(dedup) is None
+                           for dedup in named) or len(set(named)) != len(named):
+                    return None
+                tokens = dedups
+            sizes = [len(data) for data in datas]
+        if type(priority) is not int or not 0 <= priority <= MAX_PRIORITY or type(delay) is not int \
+                or not 0 <= delay <= s.max_delay_ms:
+            return None
         total = sum(sizes)
         if not sizes or max(sizes) > s.max_message_bytes or len(q.messages) + len(datas) > s.max_messages \
                 or q.bytes + total > s.max_bytes or self._dead_letters_full(q):
             return None
-        ids = q.push_data(kind, datas, DEFAULT_PRIORITY, 0, *clock)
-        if q.name in self.waiters:
+        ids = q.push_data(kind, datas, priority, delay, *clock, tokens)
+        if not delay and q.name in self.waiters:
             self._wake[q.name] = q
         return {"ok": True, "ids": ids}
 
