@@ -120,9 +120,10 @@ class Route:
         # Batching (Hub._batch_add) needs the common NATS case: no UNSUB limits (counted per message), and one
         # subscription per connection (batching two of one connection would reorder them relative to each other).
         # Then the NATS subscribers are precomputed as (connection, subscription, "MSG <subject> <sid>").
-        nats_conns = frozenset(sub.conn for sub in nats)
-        batchable = len(nats_conns) == len(nats) and not any(sub.max_msgs for sub in nats)
-        self.nats_plain = tuple((sub.conn, sub, self.msg_head + sub.sid) for sub in nats) if batchable else ()
+        # (Lists made and read, not generators: a route is made for every new subject, a reply's inbox included.)
+        nats_conns = frozenset([sub.conn for sub in nats])
+        batchable = len(nats_conns) == len(nats) and not any([sub.max_msgs for sub in nats])
+        self.nats_plain = tuple([(sub.conn, sub, self.msg_head + sub.sid) for sub in nats]) if batchable else ()
         self.members = (frozenset(ndjson) | nats_conns) if batchable else None   # who a batch holds messages for
         # The open batch: NDJSON delivery lines; NATS tails (" <size>\r\n<payload>\r\n") after an empty first
         # item, so that joining them with a subscriber's "MSG <subject> <sid>" puts it before every tail.
@@ -135,8 +136,9 @@ class Route:
         self.queued = queued          # some queue group of the cluster matches: the owner dispatches
         self.groups = None            # the owner's queue groups for this subject, built when first needed
         self.owner = owner
-        self.prefix = ndjson_codec.delivery_prefix(subject)
-        self.wild = not is_literal(subject)   # NATS may publish to "foo.*" as a literal; NDJSON may not
+        self.prefix = ndjson_codec.delivery_prefix(subject) if ndjson else b""   # for NDJSON deliveries alone
+        # NATS may publish to "foo.*" as a literal; NDJSON may not
+        self.wild = ("*" in subject or ">" in subject) and not is_literal(subject)
         self.msgs = 0                 # published here since the last counter shipment
         self.bytes = 0
 
