@@ -9,8 +9,10 @@ Forms: ``single`` (the canonical ``{"op":"qpush","queue":Q,"data":D}``, taken a 
 same with ``,"priority":4`` after the data, also a run at a time), ``delay`` (``,"delay_ms":60000``, likewise),
 ``spaced`` (the priority push as ``json.dumps`` writes it, with spaces: each line parsed on its own), ``dedup``
 (with a ``dedup_id``: each line on its own), ``batch`` (100 messages of nothing but data a request) and
-``batchdedup`` (the same with the request's ``dedup_id`` after its messages).  At most 1,000 requests are
-unanswered at a time, under the connection's pipelining bound.
+``batchdedup`` (the same with the request's ``dedup_id`` after its messages); over NATS, ``nats`` (``PUB
+$Q.PUSH.<queue>`` with a reply subject of its own, as nats-py's requests have) and ``natsid`` (the same as HPUB
+with a ``Nats-Msg-Id``).  At most 1,000 requests are unanswered at a time, under the connection's pipelining
+bound.
 """
 
 from __future__ import annotations
@@ -30,10 +32,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from harness import Broker  # noqa: E402
 
 DATA = b'"' + b"x" * 118 + b'"'
-FORMS = ("single", "priority", "delay", "spaced", "dedup", "batch", "batchdedup")
+FORMS = ("single", "priority", "delay", "spaced", "dedup", "batch", "batchdedup", "nats", "natsid")
 
 
 def lines(form: str, queue: bytes, n: int) -> list[bytes]:
+    if form == "nats":   # each with its own reply subject, as nats-py's requests have
+        return [b"PUB $Q.PUSH.%s _INBOX.forms.%d %d\r\n%s\r\n" % (queue, i, len(DATA), DATA) for i in range(n)]
+    if form == "natsid":
+        headers = [b"NATS/1.0\r\nNats-Msg-Id: m-%d\r\n\r\n" % i for i in range(n)]
+        return [b"HPUB $Q.PUSH.%s _INBOX.forms.%d %d %d\r\n%s%s\r\n" % (queue, i, len(h), len(h) + len(DATA), h, DATA)
+                for i, h in enumerate(headers)]
     head = b'{"op":"qpush","queue":"%s",' % queue
     if form == "single":
         return [head + b'"data":%s}\n' % DATA] * n
@@ -50,31 +58,42 @@ def lines(form: str, queue: bytes, n: int) -> list[bytes]:
     return [head + b'"messages":[%s]%s}\n' % (items, t) for t in tail]
 
 
-def run(port: int, pids: list[int], form: str, n: int) -> tuple[float, float]:
+def _nats(port: int) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b'CONNECT {"verbose":false,"headers":true}\r\nSUB _INBOX.forms.* 1\r\nPING\r\n')
+    seen = b""
+    while b"PONG\r\n" not in seen:
+        seen += s.recv(1 << 16)
+    return s
+
+
+def run(ports: dict, pids: list[int], form: str, n: int) -> tuple[float, float]:
     """-> (messages a second, µs of the broker's CPU a message)."""
     def cpu() -> float:
         return sum(sum(psutil.Process(p).cpu_times()[:2]) for p in pids)
 
     queue = b"forms.%s.%d" % (form.encode(), time.time_ns())
     batch = lines(form, queue, n)
-    with socket.create_connection(("127.0.0.1", port)) as s:
+    s = _nats(ports["nats"]) if form.startswith("nats") else socket.create_connection(("127.0.0.1", ports["ndjson"]))
+    with s:
         c0, t0 = cpu(), time.perf_counter()
-        got, buf = 0, b""
+        got, seen = 0, b""   # replies: each has its "ok" (a request's, a batch's one)
         for i in range(0, len(batch), 1000):
             s.sendall(b"".join(batch[i:i + 1000]))
             while got < min(i + 1000, len(batch)):
                 chunk = s.recv(1 << 20)
                 if not chunk:
                     raise RuntimeError("the broker closed the connection")
-                got += chunk.count(b"\n")
-                buf = chunk[-200:]
+                if b'"ok":false' in seen[-9:] + chunk:
+                    raise RuntimeError(f"{form}: refused: {chunk[:300]!r}")
+                got += (seen[-4:] + chunk).count(b'"ok":')
+                seen = chunk
         elapsed, used = time.perf_counter() - t0, cpu() - c0
-        # emptied, so that the forms after it are not measured against a broker holding millions of messages
+    # emptied, so that the forms after it are not measured against a broker holding millions of messages
+    with socket.create_connection(("127.0.0.1", ports["ndjson"])) as s:
         s.sendall(b'{"op":"qpurge","queue":"%s"}\n' % queue)
         while not s.recv(1 << 16).endswith(b"\n"):
             pass
-    if b'"ok":false' in buf:
-        raise RuntimeError(f"{form}: refused: {buf!r}")
     return n / elapsed, used / n * 1e6
 
 
@@ -90,7 +109,7 @@ def main() -> None:
         pids = [p.pid for p in psutil.Process(broker.proc.pid).children(recursive=True)]
         for _ in range(opts.rounds):
             for form in opts.forms.split(","):
-                rate, us = run(broker.port, pids, form, opts.messages)
+                rate, us = run(broker.ports, pids, form, opts.messages)
                 print(f"{form:>10}: {rate:>9,.0f} msg/s, {us:5.2f} µs of the broker's CPU a message")
     finally:
         broker.close()
