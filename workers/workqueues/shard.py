@@ -99,6 +99,10 @@ class Waiter:
         self.done = False
 
 
+def _is_dedup_id(value: object) -> bool:
+    return type(value) is str and 0 < len(value) <= MAX_DEDUP_ID
+
+
 def _run_push(item: dict | bytes, options: dict) -> tuple | None:
     """One of a ``pushes`` request's pushes as (data, kind, priority, delay_ms, dedup_id), the data's bytes alone
     taking the request's ``options``; None: it has fields that a run of pushes stored together does not take."""
@@ -477,7 +481,7 @@ class Shard:
         worker gave it to cross the fabric (a tuple; a list once it crossed)."""
         dedup = args.get("dedup_id")
         if dedup is not None:
-            if type(dedup) is not str or not 0 < len(dedup) <= MAX_DEDUP_ID:
+            if not _is_dedup_id(dedup):
                 raise QueueError("invalid_dedup_id", min=1, max=MAX_DEDUP_ID)
             return dedup
         token = args.get("token")
@@ -577,8 +581,8 @@ class Shard:
                 return None
             named = [dedup for dedup in dedups if dedup is not None]
             if named:   # each dedup_id valid, new, and once: else each push is judged on its own
-                if not all(type(dedup) is str and 0 < len(dedup) <= MAX_DEDUP_ID and q.tokens.get(dedup) is None
-                           for dedup in named) or len(set(named)) != len(named):
+                if not all(_is_dedup_id(dedup) and q.tokens.get(dedup) is None for dedup in named) \
+                        or len(set(named)) != len(named):
                     return None
                 tokens = dedups
             sizes = [len(data) for data in datas]
