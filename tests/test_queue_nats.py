@@ -7,6 +7,7 @@ import json
 import nats
 import pytest
 
+from harness import on_worker
 from test_security import secure_config
 
 
@@ -132,6 +133,52 @@ def test_queue_permissions_on_nats(start_broker):
         await worker.close()
 
     asyncio.run(run())
+
+
+def test_answers_are_the_brokers_own_messages(start_broker):
+    """An answer is not the requester's publish: a client without echo gets its answers, every subscriber of the
+    reply subject on any worker gets them (a queue group one copy), and they are neither counted as what clients
+    published nor cached as routes (each request's inbox is new)."""
+    broker = start_broker(workers=2)
+    watchers = [on_worker(broker.ports["ndjson"], w) for w in (0, 1)]
+    for watcher in watchers:
+        assert watcher.request({"op": "sub", "topic": "answers.>"}) == {"ok": True}
+
+    async def run():
+        nc = await nats.connect(url(broker), no_echo=True, allow_reconnect=False)
+        members = [await nats.connect(url(broker), allow_reconnect=False) for _ in range(2)]
+        got: list[bytes] = []
+
+        async def member(msg):
+            got.append(msg.data)
+
+        for m in members:
+            await m.subscribe("answers.>", queue="g", cb=member)
+            await m.flush()
+        for i in range(200):   # each with an inbox of its own
+            assert (await push(nc, "nq.answers", b"m%d" % i))["ok"]
+        msg = await recv(nc, "nq.answers")
+        assert msg.data == b"m0"
+        assert json.loads((await nc.request(msg.reply, b"+ACK")).data) == {"ok": True}
+        assert broker.http("/subsz")[1]["num_cache"] < 10   # while the subscriptions stand (a change clears it)
+        await nc.publish("$Q.PUSH.nq.answers", b"seen", reply="answers.1")
+        await nc.flush()
+        for watcher in watchers:
+            delivery = watcher.json()
+            assert delivery["topic"] == "answers.1" and json.loads(delivery["data"])["ok"] is True
+        for _ in range(50):
+            if got:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)
+        assert len(got) == 1 and json.loads(got[0])["ok"] is True
+        for c in (nc, *members):
+            await c.close()
+
+    asyncio.run(run())
+    assert broker.http("/varz")[1]["in_msgs"] == 0   # requests to $Q are not publishes, nor are their answers
+    for watcher in watchers:
+        watcher.close()
 
 
 @pytest.mark.parametrize("headers", [None, {"Q-Delay": "300"}])

@@ -335,8 +335,8 @@ class Hub:
         self._invalidate()
 
     # -- routing and delivery -------------------------------------------------------------------------------
-    def route_for(self, subject: str) -> Route:
-        """The route of a subject the caller has validated; cached until the next generation."""
+    def route_for(self, subject: str, cache: bool = True) -> Route:
+        """The route of a subject the caller has validated; cached until the next generation (``cache``)."""
         ndjson: dict["Connection", None] = {}
         others: dict["Connection", None] = {}
         nats = []
@@ -354,36 +354,54 @@ class Hub:
         remote = tuple(sorted(set(self.remote.match(subject))))
         route = Route(subject, tuple(ndjson), tuple(nats), tuple(others), remote, self.queues.matches(subject),
                       shardmap.owner(subject, self.workers))
-        if len(self.routes) >= _ROUTE_CACHE_MAX:
-            self.routes = {}
-            self.routes_b = {}
-        self.routes[subject] = route
-        self.routes_b[route.subject_b] = route
+        if cache:
+            if len(self.routes) >= _ROUTE_CACHE_MAX:
+                self.routes = {}
+                self.routes_b = {}
+            self.routes[subject] = route
+            self.routes_b[route.subject_b] = route
         return route
+
+    def reply_route(self, subject: str) -> Route:
+        """The route for the broker's own answer on a request's reply subject (validated by the caller), to
+        ``send`` on now: the cached one, else one made for this answer alone.  A reply subject is mostly an inbox
+        used once; cached, its route would only crowd out others, and live long enough for the cyclic garbage
+        collector to walk it again and again (most of what an answer to a NATS request cost)."""
+        return self.routes.get(subject) or self.route_for(subject, cache=False)
 
     def publish(self, route: Route, kind: int, payload: bytes, reply: str | None, headers: bytes | None,
                 origin: "Connection") -> bool:
-        """A client of this worker published: deliver here, forward to the workers concerned, count.
-        False if nobody anywhere can receive it (what NATS' no-responders reports)."""
+        """A client of this worker published: count it (here and for the subject's owner), and ``send`` it."""
         n = len(payload) if headers is None else len(payload) + len(headers)
         self.msgs_in += 1
         self.bytes_in += n
-        self.turn_work += 1  # a publish is work even when every subscriber is elsewhere
         if not route.msgs:
             self._counted.append(route)
         route.msgs += 1
         route.bytes += n
+        return self.send(route, kind, payload, reply, headers, origin)
+
+    def send(self, route: Route, kind: int, payload: bytes, reply: str | None, headers: bytes | None,
+             origin: "Connection | None") -> bool:
+        """Deliver here, forward to the workers concerned: what a publish does, and how the broker's own answers
+        (``reply_route``) go, from no client (``origin`` None: nobody's echo to skip, no barrier to hold).  False
+        if nobody anywhere can receive it (what NATS' no-responders reports)."""
+        self.turn_work += 1  # a publish is work even when every subscriber is elsewhere
         delivered = self._deliver(route, kind, payload, reply, headers, origin) if route.local else 0
         remote, queued = route.remote, route.queued
         if remote and not queued:
             self.fabric.send_to(remote, (route.subject, kind, payload, reply, headers, None))
-            origin.crossed = True
+            if origin is not None:
+                origin.crossed = True
             self.schedule_flush()
             return True
         if queued:
-            origin.crossed = True  # to the owner, or from here to members elsewhere: either way, a barrier waits
+            if origin is not None:
+                origin.crossed = True  # to the owner, or from here to members elsewhere: either way, a barrier waits
+                dispatch = ("q", self.index, origin.cid, not origin.echo)
+            else:
+                dispatch = ("q", self.index, 0, False)
             owner = route.owner
-            dispatch = ("q", self.index, origin.cid, not origin.echo)
             if owner == self.index:
                 self._dispatch_queues(route, kind, payload, reply, headers, dispatch)
             elif owner not in remote:

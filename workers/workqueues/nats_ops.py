@@ -133,17 +133,17 @@ def _answer(session: "NatsSession", reply: str | None, op: str, result: dict, ar
     if reply is None or session.closed:
         return
     hub = session.hub
-    route = hub.routes.get(reply) or hub.route_for(reply)
+    route = hub.reply_route(reply)
+    # The broker's answer, not the requester's publish: a requester that asked for no echo gets it all the same.
     if op == "recv" and result.get("ok"):
         messages = result["messages"]
         if not messages:
-            hub.publish(route, KIND_RAW, b"", None, _TIMEOUT if args and args.get("wait_ms") else _NO_MESSAGES,
-                        session)
+            hub.send(route, KIND_RAW, b"", None, _TIMEOUT if args and args.get("wait_ms") else _NO_MESSAGES, None)
             return
         queue = args["queue"]
         for m in messages:   # model.D_* tuples
             block = ("NATS/1.0\r\nQ-Receipt: %s\r\nQ-Deliveries: %d\r\nQ-Msg-Id: %s\r\n\r\n"
                      % (m[D_RECEIPT], m[D_DELIVERIES], m[D_ID])).encode()
-            hub.publish(route, m[D_KIND], m[D_DATA], f"$Q.ACK.{queue}.{m[D_RECEIPT]}", block, session)
+            hub.send(route, m[D_KIND], m[D_DATA], f"$Q.ACK.{queue}.{m[D_RECEIPT]}", block, None)
         return
-    hub.publish(route, KIND_RAW, orjson.dumps(result), None, None, session)
+    hub.send(route, KIND_RAW, orjson.dumps(result), None, None, None)
