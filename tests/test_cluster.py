@@ -147,6 +147,38 @@ def test_subject_owner_keeps_counters(start_broker):
     assert rows[0]["bytes"] == 6 * len(b'"xxxxxxxxxx"')
 
 
+def test_subject_counters_forget_the_least_recently_active_past_their_bound(start_broker):
+    # limits.max_tracked_subjects bounds what the owner keeps (a stream of unique reply subjects, say): past it,
+    # down to nine tenths, the subjects forgotten being the least recently active
+    b = start_broker(workers=1, config={"limits": {"max_tracked_subjects": 100}})
+
+    def topicz() -> dict[str, int]:
+        return {row["subject"]: row["msgs"] for row in b.http("/topicz?limit=1000")[1]["subjects"]}
+
+    def publish(conn: Raw, subjects: list[str]) -> None:
+        conn.send(b"".join(b'{"op":"pub","topic":"%s","data":1}\n' % s.encode() for s in subjects))
+        for _ in subjects:
+            assert conn.json() == {"ok": True}
+
+    def until(done) -> dict[str, int]:
+        deadline = time.monotonic() + 10
+        while not done(rows := topicz()):
+            assert time.monotonic() < deadline, rows
+            time.sleep(0.2)
+        return rows
+
+    first = [f"old.{i}" for i in range(80)]
+    fresh = [f"new.{i}" for i in range(40)]
+    with Raw(b.port) as conn:
+        publish(conn, first)
+        until(lambda rows: len(rows) == 80)
+        publish(conn, ["old.0"] + fresh)   # old.0 active again; 120 subjects in all
+        rows = until(lambda rows: "new.39" in rows)
+    assert len(rows) == 90
+    assert rows["old.0"] == 2 and all(rows.get(s) == 1 for s in fresh)
+    assert set(first) - set(rows) <= set(first[1:])   # the 30 forgotten are among the untouched ones
+
+
 def test_killed_worker_is_replaced_and_other_clients_keep_receiving(start_broker):
     b = start_broker(workers=4)
 

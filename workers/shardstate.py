@@ -7,14 +7,18 @@ bounded: past ``limit`` subjects the least recently active tenth is forgotten, s
 
 from __future__ import annotations
 
+import itertools
 import time
 
 
 class SubjectTable:
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        # subject -> [messages, bytes, first seen, last seen] (wall-clock seconds)
-        self.subjects: dict[str, list] = {}
+        # subject -> (messages, bytes, first seen, last seen) (wall-clock seconds), the least recently active
+        # first: a merged entry moves to the end, so forgetting the least active takes from the front (no sort).
+        # Tuples of numbers, which the cyclic collector stops tracking: a table of unique reply subjects is
+        # otherwise a hundred thousand lists it walks again and again.
+        self.subjects: dict[str, tuple] = {}
 
     def __len__(self) -> int:
         return len(self.subjects)
@@ -22,17 +26,15 @@ class SubjectTable:
     def merge(self, items: list) -> None:
         now = time.time()
         table = self.subjects
+        pop = table.pop
         for subject, msgs, nbytes in items:
-            entry = table.get(subject)
-            if entry is None:
-                table[subject] = [msgs, nbytes, now, now]
-            else:
-                entry[0] += msgs
-                entry[1] += nbytes
-                entry[3] = now
-        if len(table) > self.limit:
-            keep = sorted(table.items(), key=lambda kv: kv[1][3], reverse=True)[: self.limit * 9 // 10]
-            self.subjects = dict(keep)
+            entry = pop(subject, None)
+            table[subject] = (msgs, nbytes, now, now) if entry is None else \
+                (entry[0] + msgs, entry[1] + nbytes, entry[2], now)
+        excess = len(table) - self.limit
+        if excess > 0:   # down to nine tenths of the limit
+            for subject in list(itertools.islice(table, excess + self.limit // 10)):
+                del table[subject]
 
     def top(self, limit: int, subject: str | None = None) -> list[dict]:
         if subject is not None:
