@@ -79,6 +79,31 @@ def test_nats_py_request_reply_and_no_responders(nb):
     asyncio.run(run())
 
 
+def test_request_inboxes_used_once_are_not_cached(nb):
+    # A route is cached from a subject's second use: a stream of requests leaves one cached route per subject
+    # used again (the service's), not one per inbox (which the garbage collector would walk until dropped).
+    async def run():
+        svc, client = await connect(nb), await connect(nb)
+
+        async def echo(msg):
+            await msg.respond(msg.data)
+
+        await svc.subscribe("svc.cached", cb=echo)
+        await synced(svc)
+        for i in range(300):
+            assert (await client.request("svc.cached", b"%d" % i, timeout=5)).data == b"%d" % i
+        cached = nb.http("/subsz")[1]["num_cache"]
+        assert cached <= 3   # svc.cached, on the workers it was published on or forwarded to
+        for _ in range(3):
+            await client.publish("hot.subject", b"x")
+        await client.flush()
+        assert nb.http("/subsz")[1]["num_cache"] == cached + 1
+        await svc.close()
+        await client.close()
+
+    asyncio.run(run())
+
+
 def test_nats_py_queue_groups_across_workers_exactly_once_and_fair(nb):
     async def run():
         members = [await connect(nb) for _ in range(6)]      # spread over the 3 workers

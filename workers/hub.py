@@ -2,7 +2,9 @@
 
 - Local subscriptions live in a trie; the patterns other workers are interested in live in another.  A publish is
   matched once per subject and the result (a ``Route``) is cached until the next change of either trie or of a
-  permission: the generation counter moves and the cache is dropped whole.
+  permission: the generation counter moves and the cache is dropped whole.  A subject is cached from its second
+  route on: most reply inboxes are used once, and a route kept costs the cyclic garbage collector's walks until
+  it is dropped (with a cache full of them, a full collection took ~100 ms).
 - Delivery queues, it does not write: a delivery is encoded once for all its subscribers and appended to each
   subscriber's outbound list; messages for other workers are appended to the fabric's per-destination batch.  At the
   end of the event-loop turn ``flush`` sends one fabric frame per destination and one ``writelines`` per touched
@@ -66,6 +68,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("broker.hub")
 
 _ROUTE_CACHE_MAX = 65536
+_SEEN_MAX = 65536   # subjects routed, remembered as strings (which the collector never walks) to cache the next
 # A batch of consecutive messages to one subject ends at this many deliveries or bytes of encoded messages: its
 # chunks are what a turn writes at once, so this bounds the memory a batch adds to the outbound queues.
 _BATCH_DELIVERIES = 4096
@@ -105,7 +108,7 @@ class Route:
 
     __slots__ = ("subject", "subject_b", "msg_head", "ndjson", "nats", "nats_plain", "others", "local", "remote",
                  "queued", "groups", "owner", "prefix", "wild", "msgs", "bytes", "fanout", "members", "lines",
-                 "tails", "batched", "batched_bytes", "batched_payload")
+                 "tails", "batched", "batched_bytes", "batched_payload", "generation")
 
     def __init__(self, subject: str, ndjson: tuple, nats: tuple, others: tuple, remote: tuple[int, ...],
                  queued: bool, owner: int) -> None:
@@ -139,8 +142,9 @@ class Route:
         self.prefix = ndjson_codec.delivery_prefix(subject) if ndjson else b""   # for NDJSON deliveries alone
         # NATS may publish to "foo.*" as a literal; NDJSON may not
         self.wild = ("*" in subject or ">" in subject) and not is_literal(subject)
-        self.msgs = 0                 # published here since the last counter shipment
+        self.msgs = 0                 # published here in this turn (folded into Hub._counts at its end)
         self.bytes = 0
+        self.generation = 0           # of the tries it was matched against (Hub.route_for)
 
 
 class Hub:
@@ -171,6 +175,7 @@ class Hub:
         self.queue_dropped = 0
         self.routes: dict[str, Route] = {}
         self.routes_b: dict[bytes, Route] = {}   # the same routes by the subject's bytes, as NATS clients send it
+        self._seen: set[str] = set()              # subjects routed since it was last emptied (route_for)
         self.generation = 0
 
         self._dirty: list["Connection"] = []
@@ -181,7 +186,8 @@ class Hub:
         self._backlog: collections.deque[list] = collections.deque()
         self._backlog_scheduled = False
         self._backlog_waiters: list[Callable[[], None]] = []   # after_inflight callbacks waiting for the backlog
-        self._counted: list[Route] = []
+        self._counted: list[Route] = []           # routes published to in this turn
+        self._counts: dict[str, tuple] = {}       # subject -> (owner, messages, bytes) since the last shipment
         self.owned = SubjectTable(config.limits.max_tracked_subjects)
 
         self._fins: set[int] = set()
@@ -335,8 +341,9 @@ class Hub:
         self._invalidate()
 
     # -- routing and delivery -------------------------------------------------------------------------------
-    def route_for(self, subject: str, cache: bool = True) -> Route:
-        """The route of a subject the caller has validated; cached until the next generation (``cache``)."""
+    def route_for(self, subject: str) -> Route:
+        """The route of a subject the caller has validated; cached until the next generation if the subject was
+        routed before (``_seen``)."""
         ndjson: dict["Connection", None] = {}
         others: dict["Connection", None] = {}
         nats = []
@@ -354,20 +361,19 @@ class Hub:
         remote = tuple(sorted(set(self.remote.match(subject))))
         route = Route(subject, tuple(ndjson), tuple(nats), tuple(others), remote, self.queues.matches(subject),
                       shardmap.owner(subject, self.workers))
-        if cache:
-            if len(self.routes) >= _ROUTE_CACHE_MAX:
-                self.routes = {}
-                self.routes_b = {}
-            self.routes[subject] = route
-            self.routes_b[route.subject_b] = route
+        route.generation = self.generation
+        seen = self._seen
+        if subject not in seen:
+            if len(seen) >= _SEEN_MAX:
+                self._seen = seen = set()
+            seen.add(subject)
+            return route
+        if len(self.routes) >= _ROUTE_CACHE_MAX:
+            self.routes = {}
+            self.routes_b = {}
+        self.routes[subject] = route
+        self.routes_b[route.subject_b] = route
         return route
-
-    def reply_route(self, subject: str) -> Route:
-        """The route for the broker's own answer on a request's reply subject (validated by the caller), to
-        ``send`` on now: the cached one, else one made for this answer alone.  A reply subject is mostly an inbox
-        used once; cached, its route would only crowd out others, and live long enough for the cyclic garbage
-        collector to walk it again and again (most of what an answer to a NATS request cost)."""
-        return self.routes.get(subject) or self.route_for(subject, cache=False)
 
     def publish(self, route: Route, kind: int, payload: bytes, reply: str | None, headers: bytes | None,
                 origin: "Connection") -> bool:
@@ -384,7 +390,7 @@ class Hub:
     def send(self, route: Route, kind: int, payload: bytes, reply: str | None, headers: bytes | None,
              origin: "Connection | None") -> bool:
         """Deliver here, forward to the workers concerned: what a publish does, and how the broker's own answers
-        (``reply_route``) go, from no client (``origin`` None: nobody's echo to skip, no barrier to hold).  False
+        to requests go, from no client (``origin`` None: nobody's echo to skip, no barrier to hold).  False
         if nobody anywhere can receive it (what NATS' no-responders reports)."""
         self.turn_work += 1  # a publish is work even when every subscriber is elsewhere
         delivered = self._deliver(route, kind, payload, reply, headers, origin) if route.local else 0
@@ -482,7 +488,7 @@ class Hub:
 
     def _current(self, route: Route) -> Route:
         """``route`` as of now: a delivery (an UNSUB limit reached) may have changed the tries mid-run."""
-        if self.routes.get(route.subject) is route:
+        if route.generation == self.generation:
             return route
         return self.routes.get(route.subject) or self.route_for(route.subject)
 
@@ -710,6 +716,8 @@ class Hub:
     def _flush(self) -> None:
         self._flush_scheduled = False
         self.turn_work = 0
+        if self._counted:
+            self._fold_counts()
         if self.queue_service is not None:
             try:
                 self.queue_service.commit()  # journal this turn's queue changes before any reply to them leaves
@@ -887,13 +895,25 @@ class Hub:
                 pass
 
     # -- periodic -------------------------------------------------------------------------------------------
+    def _fold_counts(self) -> None:
+        """At the end of a turn: what its routes counted, by subject until the next shipment (``tick``), so that
+        no route is kept alive for the counters' sake (an inbox's would be, a second for nothing)."""
+        counted, self._counted = self._counted, []
+        counts = self._counts
+        for route in counted:
+            subject = route.subject
+            entry = counts.get(subject)
+            counts[subject] = (route.owner, route.msgs, route.bytes) if entry is None else \
+                (entry[0], entry[1] + route.msgs, entry[2] + route.bytes)
+            route.msgs = route.bytes = 0
+
     def tick(self) -> None:
         """About once a second: ship subject counters to their owners."""
-        counted, self._counted = self._counted, []
+        self._fold_counts()
+        counts, self._counts = self._counts, {}
         by_owner: dict[int, list] = {}
-        for route in counted:
-            by_owner.setdefault(route.owner, []).append((route.subject, route.msgs, route.bytes))
-            route.msgs = route.bytes = 0
+        for subject, (owner, msgs, nbytes) in counts.items():
+            by_owner.setdefault(owner, []).append((subject, msgs, nbytes))
         for owner, items in by_owner.items():
             if owner == self.index:
                 self.owned.merge(items)

@@ -390,8 +390,8 @@ class NatsSession(Connection):
                 pub(subject_b, reply_b, None, payload)
                 if self.closed:
                     return
-                if i == 0 and len(payloads) > 1 and self.hub.routes_b.get(subject_b) is not route:
-                    self._pubs(subject_b, reply_b, payloads[1:])   # the first one made the route: the rest can run
+                if route is None and i + 1 < len(payloads) and self.hub.routes_b.get(subject_b) is not None:
+                    self._pubs(subject_b, reply_b, payloads[i + 1:])   # the route is cached now: the rest can run
                     return
             return
         reply = _text(reply_b)

@@ -176,8 +176,8 @@ class NdjsonSession(Connection):
                 self._handle(line)
                 if self.closed:
                     return
-                if i == 0 and len(lines) > 1 and hub.routes.get(topic) is not route:
-                    self._pub_run(topic_b, payloads[1:], lines[1:])   # the first one made the route
+                if route is None and i + 1 < len(lines) and hub.routes.get(topic) is not None:
+                    self._pub_run(topic_b, payloads[i + 1:], lines[i + 1:])   # the route is cached now
                     return
             return
         taken, nbytes, _ = hub.publish_run(route, KIND_JSON, payloads, None, self)

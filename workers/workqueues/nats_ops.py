@@ -133,7 +133,7 @@ def _answer(session: "NatsSession", reply: str | None, op: str, result: dict, ar
     if reply is None or session.closed:
         return
     hub = session.hub
-    route = hub.reply_route(reply)
+    route = hub.routes.get(reply) or hub.route_for(reply)
     # The broker's answer, not the requester's publish: a requester that asked for no echo gets it all the same.
     if op == "recv" and result.get("ok"):
         messages = result["messages"]
