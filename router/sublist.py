@@ -100,6 +100,8 @@ class Sublist:
     def match(self, subject: str) -> list[Hashable]:
         """Values of every pattern matching the literal ``subject``, one entry per (pattern, value)."""
         out: list[Hashable] = []
+        if not self._count:   # no split for an empty trie (a one-worker broker's remote one, most queue-group ones)
+            return out
         _match(self._root, subject.split("."), 0, out)
         return out
 

@@ -358,7 +358,8 @@ class Hub:
                 nats.append(sub)
             else:
                 others[conn] = None
-        remote = tuple(sorted(set(self.remote.match(subject))))
+        workers = self.remote.match(subject)
+        remote = tuple(sorted(set(workers))) if workers else ()
         route = Route(subject, tuple(ndjson), tuple(nats), tuple(others), remote, self.queues.matches(subject),
                       shardmap.owner(subject, self.workers))
         route.generation = self.generation
