@@ -3,6 +3,7 @@
 
 import asyncio
 import json
+import socket
 
 import nats
 import pytest
@@ -179,6 +180,77 @@ def test_answers_are_the_brokers_own_messages(start_broker):
     assert broker.http("/varz")[1]["in_msgs"] == 0   # requests to $Q are not publishes, nor are their answers
     for watcher in watchers:
         watcher.close()
+
+
+def _frames(sock: socket.socket, count: int) -> dict[str, tuple[bytes, bytes]]:
+    """The next ``count`` MSG/HMSG frames: reply subject's last token -> (headers, payload)."""
+    buf, out = b"", {}
+    sock.settimeout(5)
+    while len(out) < count:
+        while True:
+            end = buf.find(b"\r\n")
+            if end < 0:
+                break
+            head = buf[:end].split()
+            if head[0] not in (b"MSG", b"HMSG"):
+                buf = buf[end + 2:]
+                continue
+            size, hsize = int(head[-1]), int(head[-2]) if head[0] == b"HMSG" else 0
+            if len(buf) < end + 2 + size + 2:
+                break
+            body = buf[end + 2:end + 2 + size]
+            out[head[1].rsplit(b".", 1)[1].decode()] = (body[:hsize], body[hsize:])
+            buf = buf[end + 2 + size + 2:]
+        if len(out) < count:
+            buf += sock.recv(1 << 16)
+    return out
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_pipelined_pushes_are_each_answered_on_their_own_subject(start_broker, workers):
+    # One read of pushes goes to the owner as one request (each push stored or refused on its own): every push
+    # is answered on its own reply subject, in whatever mix, and what follows them in the read sees them done.
+    broker = start_broker(workers=workers)
+
+    def hpub(subject: str, reply: str, headers: dict, data: bytes) -> bytes:
+        block = ("NATS/1.0\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode()
+        head = f"HPUB {subject} {reply} {len(block)} {len(block) + len(data)}\r\n".encode()
+        return head + block + data + b"\r\n"
+
+    with socket.create_connection(("127.0.0.1", broker.ports["nats"])) as s:
+        s.sendall(b'CONNECT {"verbose":false,"headers":true}\r\nSUB _INBOX.t.* 1\r\nPING\r\n')
+        seen = b""
+        while b"PONG" not in seen:
+            seen += s.recv(1024)
+        q = "$Q.PUSH.nq.gather"
+        s.sendall(b"".join([
+            b"PUB %s _INBOX.t.0 2\r\nm0\r\n" % q.encode(),
+            hpub(q, "_INBOX.t.1", {"Q-Priority": "9"}, b"m1"),
+            hpub(q, "_INBOX.t.2", {"Q-Priority": "high"}, b"m2"),
+            hpub(q, "_INBOX.t.3", {"Nats-Msg-Id": "a"}, b"m3"),
+            hpub(q, "_INBOX.t.4", {"Nats-Msg-Id": "a"}, b"m3 again"),
+            b"PUB %s 2\r\nm5\r\n" % q.encode(),                       # no reply subject: stored, unanswered
+            b"PUB $Q.PUSH.nq.other _INBOX.t.6 2\r\nm6\r\n",
+            b"PUB %s _INBOX.t.7 2\r\nm7\r\n" % q.encode(),
+            b"PUB $Q.STAT.nq.gather _INBOX.t.8 0\r\n\r\n",
+            *[b"PUB $Q.PUSH.nq.plain _INBOX.t.%d 1\r\nx\r\n" % i for i in range(9, 29)],   # stored together
+        ]))
+        got = {k: json.loads(v[1]) for k, v in _frames(s, 28).items()}
+    assert set(got) == {"0", "1", "2", "3", "4", "6", "7", "8", *map(str, range(9, 29))}
+    assert len({got[str(i)]["id"] for i in range(9, 29)}) == 20
+    assert all(got[k]["ok"] for k in ("0", "1", "3", "6", "7"))
+    assert got["2"]["ok"] is False and got["2"]["error"] == "invalid_priority"
+    assert got["4"] == dict(got["3"], duplicate=True)
+    assert len({got[k]["id"] for k in ("0", "1", "3", "6", "7")}) == 5
+    assert got["8"]["stat"]["visible"] == 5   # m0, m1, m3, m5, m7
+
+    async def drain():
+        nc = await nats.connect(url(broker), allow_reconnect=False)
+        order = [(await recv(nc, "nq.gather")).data for _ in range(5)]
+        await nc.close()
+        return order
+
+    assert asyncio.run(drain()) == [b"m1", b"m0", b"m3", b"m5", b"m7"]
 
 
 @pytest.mark.parametrize("headers", [None, {"Q-Delay": "300"}])

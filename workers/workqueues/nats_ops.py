@@ -3,6 +3,7 @@
 
 - ``$Q.PUSH.<queue>``: the payload is the message; headers ``Q-Priority`` (0-9), ``Q-Delay`` (ms) and
   ``Nats-Msg-Id`` (the push's ``dedup_id``, as JetStream deduplicates).  Reply: ``{"ok":true,"id":...}``.
+  A connection's consecutive pushes to one queue in one read go to the owner as one request, as NDJSON's do.
 - ``$Q.RECV.<queue>``: a JSON body as JetStream's pull requests, ``{"batch": n, "expires": ns, "no_wait": b}``,
   plus ``visibility_ms`` and ``release_on_close``.  Each message goes to the reply subject with headers
   ``Q-Receipt``, ``Q-Deliveries``, ``Q-Msg-Id`` and the reply subject ``$Q.ACK.<queue>.<receipt>``; none: a status
@@ -26,6 +27,7 @@ from workers.message import KIND_RAW
 
 from .model import D_DATA, D_DELIVERIES, D_ID, D_KIND, D_RECEIPT, MS
 from .service import allowed
+from .shard import MAX_BATCH
 
 if TYPE_CHECKING:
     from workers.nats import NatsSession
@@ -124,9 +126,58 @@ def handle(session: "NatsSession", subject_b: bytes, reply_b: bytes | None, head
     if not allowed(session.user.permissions if session._secure else None, op, queue):
         _answer(session, reply, op, {"ok": False, "error": "permission_denied"})
         return
+    if op == "push":
+        _gather(session, queue, args, reply)
+        return
     args["queue"] = queue
     session.hub.queue_service.request(session.cid, op, args,
                                       lambda result: _answer(session, reply, op, result, args))
+
+
+class _PushGroup:
+    """A connection's pushes to one queue read together: one request to the queue's owner (``pushes``), each push
+    still stored or refused on its own and answered on its own reply subject."""
+
+    __slots__ = ("queue", "pushes", "replies")
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self.pushes: list[dict] = []          # each push's args, without the queue
+        self.replies: list[str | None] = []   # each push's reply subject
+
+
+def _gather(session: "NatsSession", queue: str, args: dict, reply: str | None) -> None:
+    group = session.push_group
+    if group is not None and (group.queue != queue or len(group.pushes) >= MAX_BATCH):
+        flush_pushes(session)
+        group = None
+    if group is None:
+        group = session.push_group = _PushGroup(queue)
+    group.pushes.append(args)
+    group.replies.append(reply)
+
+
+def flush_pushes(session: "NatsSession") -> None:
+    """Send the connection's gathered pushes: at the end of what it read, or before anything else it sent."""
+    group, session.push_group = session.push_group, None
+    service = session.hub.queue_service
+    replies = group.replies
+    if len(replies) == 1:
+        args = group.pushes[0]
+        args["queue"] = group.queue
+        service.request(session.cid, "push", args, lambda result: _answer(session, replies[0], "push", result))
+        return
+
+    def answer(result: dict) -> None:
+        ids = result.get("ids")   # every one stored
+        if ids is not None:
+            results = [{"ok": True, "id": msg_id} for msg_id in ids]
+        else:   # each its own result; none: the whole request failed (its owner unavailable), each is told so
+            results = result.get("results") or [result] * len(replies)
+        for reply, one in zip(replies, results):
+            _answer(session, reply, "push", one)
+
+    service.request(session.cid, "pushes", {"queue": group.queue, "pushes": group.pushes}, answer)
 
 
 def _answer(session: "NatsSession", reply: str | None, op: str, result: dict, args: dict | None = None) -> None:
