@@ -3,6 +3,7 @@
 
 import asyncio
 import json
+import re
 import socket
 
 import nats
@@ -251,6 +252,39 @@ def test_pipelined_pushes_are_each_answered_on_their_own_subject(start_broker, w
         return order
 
     assert asyncio.run(drain()) == [b"m1", b"m0", b"m3", b"m5", b"m7"]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_pipelined_acks_are_each_done_and_answered(start_broker, workers):
+    # One read of acks goes to the owner as one request: each ack done or refused on its own, those with a reply
+    # subject answered on it, and a request of another kind after them (a nak, a stat) sees them done.
+    broker = start_broker(workers=workers)
+    with socket.create_connection(("127.0.0.1", broker.ports["nats"])) as s:
+        s.sendall(b'CONNECT {"verbose":false,"headers":true}\r\nSUB _INBOX.t.* 1\r\n'
+                  + b"".join(b"PUB $Q.PUSH.nq.acks 2\r\nm%d\r\n" % i for i in range(10))
+                  + b'PUB $Q.RECV.nq.acks _INBOX.t.recv 12\r\n{"batch":10}\r\n')
+        buf, receipts = b"", []
+        s.settimeout(5)
+        while len(receipts) < 10:
+            buf += s.recv(1 << 16)
+            receipts = re.findall(rb"Q-Receipt: (\S+)\r\n", buf)
+        r = [x.decode() for x in receipts]
+        block = b"NATS/1.0\r\nQ-Receipt: %s\r\n\r\n" % r[6].encode()
+        s.sendall(b"".join([
+            *[b"PUB $Q.ACK.nq.acks.%s 0\r\n\r\n" % x.encode() for x in r[:6]],      # no reply: not answered
+            b"PUB $Q.ACK.nq.acks.%s _INBOX.t.again 4\r\n+ACK\r\n" % r[0].encode(),
+            b"PUB $Q.ACK.nq.acks.bogus _INBOX.t.bogus 0\r\n\r\n",
+            b"HPUB $Q.ACK.nq.acks _INBOX.t.header %d %d\r\n%s\r\n" % (len(block), len(block), block),
+            b"PUB $Q.ACK.nq.acks.%s _INBOX.t.nak 4\r\n-NAK\r\n" % r[7].encode(),
+            b"PUB $Q.STAT.nq.acks _INBOX.t.stat 0\r\n\r\n",
+        ]))
+        got = {k: json.loads(v[1]) for k, v in _frames(s, 5).items()}
+    assert got["again"] == {"ok": True, "already_acked": True}
+    assert got["bogus"] == {"ok": False, "error": "invalid_receipt"}
+    assert got["header"] == {"ok": True}
+    assert got["nak"]["ok"] is True
+    stat = got["stat"]["stat"]
+    assert (stat["acked"], stat["in_flight"], stat["visible"]) == (7, 2, 1)
 
 
 @pytest.mark.parametrize("headers", [None, {"Q-Delay": "300"}])

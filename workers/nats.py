@@ -53,8 +53,7 @@ async def _known(user):
 
 
 _UNDECODABLE = object()
-_PUBS = (codec.OP_PUB, codec.OP_PUBS)
-_PUSH_PREFIX = queue_ops.PREFIX + b"PUSH."   # pushes to work queues, gathered while a read is processed
+_PUBS = (codec.OP_PUB, codec.OP_PUBS)   # work-queue requests among them: queue_ops decides what comes first
 
 
 def _text(reply_b: bytes | None):
@@ -101,7 +100,7 @@ class NatsSession(Connection):
         self._ping_timer: asyncio.TimerHandle | None = None
         self._auth_timer: asyncio.TimerHandle | None = None
         self._greeted = False   # INFO went out before the TLS handshake (tls_greeting)
-        self.push_group = None   # work-queue pushes gathered while a read is processed (queue_ops)
+        self.gathered = None   # work-queue pushes or acks gathered while a read is processed (queue_ops)
 
     # -- life cycle -----------------------------------------------------------------------------------------
     def opened(self) -> None:
@@ -164,13 +163,13 @@ class NatsSession(Connection):
 
     def _run(self, items: list) -> None:
         super()._run(items)
-        if self.push_group is not None:
-            queue_ops.flush_pushes(self)
+        if self.gathered is not None:
+            queue_ops.flush_gathered(self)
 
     def execute(self, cmd: tuple) -> None:
         op = cmd[0]
-        if self.push_group is not None and not (op in _PUBS and cmd[1].startswith(_PUSH_PREFIX)):
-            queue_ops.flush_pushes(self)   # what comes after gathered pushes sees them done (a receive, a stat)
+        if self.gathered is not None and not (op in _PUBS and cmd[1].startswith(queue_ops.PREFIX)):
+            queue_ops.flush_gathered(self)   # what comes after gathered requests sees them done
         if self._secure and self.user is None and op not in (codec.OP_CONNECT, codec.OP_ERR, _OP_SEND):
             self._fail(ERR_AUTH_VIOLATION)
             return

@@ -11,7 +11,8 @@
 - ``$Q.ACK.<queue>.<receipt>`` (or ``$Q.ACK.<queue>`` with a ``Q-Receipt`` header): JetStream's vocabulary, so
   nats-py's ``msg.ack()``, ``msg.nak(delay)``, ``msg.in_progress()`` and ``msg.term()`` work on these messages:
   empty or ``+ACK``, ``-NAK`` (optionally ``{"delay": ns}``), ``+WPI`` (the lease again, a heartbeat), ``+TERM``
-  (to the DLQ).  With a reply subject (``ack_sync``) the result comes back as JSON.
+  (to the DLQ).  With a reply subject (``ack_sync``) the result comes back as JSON.  A connection's consecutive
+  acks to one queue in one read go to the owner as one request (``receipts``), each answered on its own.
 - ``$Q.STAT``, ``$Q.PURGE``, ``$Q.REDRIVE`` (JSON body ``{"to": ..., "max": ...}``): JSON replies.
 Errors are JSON replies ``{"ok":false,"error":...}`` with the NDJSON protocol's error names.
 """
@@ -126,58 +127,71 @@ def handle(session: "NatsSession", subject_b: bytes, reply_b: bytes | None, head
     if not allowed(session.user.permissions if session._secure else None, op, queue):
         _answer(session, reply, op, {"ok": False, "error": "permission_denied"})
         return
-    if op == "push":
-        _gather(session, queue, args, reply)
+    if op in _GATHERED:
+        _gather(session, op, queue, args, reply)
         return
+    if session.gathered is not None:   # the pushes and acks before this request go first
+        flush_gathered(session)
     args["queue"] = queue
     session.hub.queue_service.request(session.cid, op, args,
                                       lambda result: _answer(session, reply, op, result, args))
 
 
-class _PushGroup:
-    """A connection's pushes to one queue read together: one request to the queue's owner (``pushes``), each push
-    still stored or refused on its own and answered on its own reply subject."""
+# Requests a connection sends many of in a row, gathered while a read is processed: op -> how the owner takes a
+# group of them (one request), from the args of each.
+_GATHERED = {
+    "push": lambda queue, each: ("pushes", {"queue": queue, "pushes": each}),
+    "ack": lambda queue, each: ("ack", {"queue": queue, "receipts": [args["receipt"] for args in each]}),
+}
 
-    __slots__ = ("queue", "pushes", "replies")
 
-    def __init__(self, queue: str) -> None:
+class _Gathered:
+    """A connection's consecutive pushes, or acks, to one queue read together: one request to the queue's owner,
+    each push or ack still done or refused on its own and answered on its own reply subject."""
+
+    __slots__ = ("op", "queue", "args", "replies")
+
+    def __init__(self, op: str, queue: str) -> None:
+        self.op = op
         self.queue = queue
-        self.pushes: list[dict] = []          # each push's args, without the queue
-        self.replies: list[str | None] = []   # each push's reply subject
+        self.args: list[dict] = []            # each request's args, without the queue
+        self.replies: list[str | None] = []   # each request's reply subject
 
 
-def _gather(session: "NatsSession", queue: str, args: dict, reply: str | None) -> None:
-    group = session.push_group
-    if group is not None and (group.queue != queue or len(group.pushes) >= MAX_BATCH):
-        flush_pushes(session)
+def _gather(session: "NatsSession", op: str, queue: str, args: dict, reply: str | None) -> None:
+    group = session.gathered
+    if group is not None and (group.op != op or group.queue != queue or len(group.args) >= MAX_BATCH):
+        flush_gathered(session)
         group = None
     if group is None:
-        group = session.push_group = _PushGroup(queue)
-    group.pushes.append(args)
+        group = session.gathered = _Gathered(op, queue)
+    group.args.append(args)
     group.replies.append(reply)
 
 
-def flush_pushes(session: "NatsSession") -> None:
-    """Send the connection's gathered pushes: at the end of what it read, or before anything else it sent."""
-    group, session.push_group = session.push_group, None
+def flush_gathered(session: "NatsSession") -> None:
+    """Send the connection's gathered requests: at the end of what it read, or before anything else it sent."""
+    group, session.gathered = session.gathered, None
     service = session.hub.queue_service
-    replies = group.replies
+    op, replies = group.op, group.replies
     if len(replies) == 1:
-        args = group.pushes[0]
+        args = group.args[0]
         args["queue"] = group.queue
-        service.request(session.cid, "push", args, lambda result: _answer(session, replies[0], "push", result))
+        service.request(session.cid, op, args, lambda result: _answer(session, replies[0], op, result))
         return
 
     def answer(result: dict) -> None:
-        ids = result.get("ids")   # every one stored
+        if not any(replies):
+            return
+        ids = result.get("ids")   # every push stored
         if ids is not None:
             results = [{"ok": True, "id": msg_id} for msg_id in ids]
         else:   # each its own result; none: the whole request failed (its owner unavailable), each is told so
             results = result.get("results") or [result] * len(replies)
         for reply, one in zip(replies, results):
-            _answer(session, reply, "push", one)
+            _answer(session, reply, op, one)
 
-    service.request(session.cid, "pushes", {"queue": group.queue, "pushes": group.pushes}, answer)
+    service.request(session.cid, *_GATHERED[op](group.queue, group.args), answer)
 
 
 def _answer(session: "NatsSession", reply: str | None, op: str, result: dict, args: dict | None = None) -> None:
