@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""What a work-queue consumer over NATS costs the broker: a queue is filled over NDJSON (batches of 100, not
+measured), then one NATS connection receives it (``$Q.RECV.<queue>`` with ``{"batch": 100}``) and acks every
+message it got (``$Q.ACK.<queue>.<receipt>``, no reply subject, as nats-py's ``msg.ack()``) before the next
+receive.  Reported: messages a second, and the broker's CPU (all its processes) per message received and acked,
+on a one-worker broker (docs/queues.md, NATS).
+
+    .venv/bin/python scripts/nats_consumer.py                   # 100,000 messages, three rounds
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from harness import Broker  # noqa: E402
+
+_MSG = re.compile(rb"H?MSG (\S+) \S+(?: \S+)?(?: (\d+))? (\d+)\r\n")
+
+
+def _fill(port: int, queue: bytes, n: int) -> None:
+    item = b'{"data":"' + b"x" * 118 + b'"}'
+    line = b'{"op":"qpush","queue":"%s","messages":[%s]}\n' % (queue, b",".join([item] * 100))
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(line * (n // 100))
+        answered = 0
+        while answered < n // 100:
+            answered += s.recv(1 << 20).count(b"\n")
+
+
+class _Frames:
+    """MSG and HMSG frames off a socket: (headers, payload) each."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.buf = sock, b""
+
+    def take(self, count: int) -> list[tuple[bytes, bytes]]:
+        out = []
+        while len(out) < count:
+            if self.buf.startswith(b"PING\r\n"):   # the server's (its first comes 2 s after CONNECT)
+                self.sock.sendall(b"PONG\r\n")
+                self.buf = self.buf[6:]
+                continue
+            m = _MSG.match(self.buf)
+            if m is None or len(self.buf) < m.end() + int(m.group(3)) + 2:
+                chunk = self.sock.recv(1 << 20)
+                if not chunk:
+                    raise RuntimeError("the broker closed the connection")
+                self.buf += chunk
+                continue
+            size, hsize = int(m.group(3)), int(m.group(2) or 0)
+            body = self.buf[m.end():m.end() + size]
+            out.append((body[:hsize], body[hsize:]))
+            self.buf = self.buf[m.end() + size + 2:]
+        return out
+
+
+def run(broker: Broker, pids: list[int], queue: bytes, n: int) -> tuple[float, float]:
+    """-> (messages a second, µs of the broker's CPU a message)."""
+    def cpu() -> float:
+        return sum(sum(psutil.Process(p).cpu_times()[:2]) for p in pids)
+
+    _fill(broker.ports["ndjson"], queue, n)
+    with socket.create_connection(("127.0.0.1", broker.ports["nats"])) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.sendall(b'CONNECT {"verbose":false,"headers":true}\r\nSUB _INBOX.consumer.* 1\r\nPING\r\n')
+        seen = b""
+        while b"PONG\r\n" not in seen:
+            seen += s.recv(1 << 16)
+        frames = _Frames(s)
+        c0, t0 = cpu(), time.perf_counter()
+        done = 0
+        pull = b'{"batch":100}'
+        while done < n:
+            s.sendall(b"PUB $Q.RECV.%s _INBOX.consumer.%d %d\r\n%s\r\n" % (queue, done, len(pull), pull))
+            got = frames.take(min(100, n - done))
+            receipts = [re.search(rb"Q-Receipt: (\S+)", headers).group(1) for headers, _ in got]
+            s.sendall(b"".join([b"PUB $Q.ACK.%s.%s 0\r\n\r\n" % (queue, r) for r in receipts]))
+            done += len(got)
+        s.sendall(b"PUB $Q.STAT.%s _INBOX.consumer.stat 0\r\n\r\n" % queue)   # after the acks: they are done
+        stat = orjson.loads(frames.take(1)[0][1])["stat"]
+        elapsed, used = time.perf_counter() - t0, cpu() - c0
+    if stat["acked"] != n or stat["messages"]:
+        raise RuntimeError(f"not every message was acked: {stat}")
+    return n / elapsed, used / n * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=100_000, help="a multiple of 100")
+    parser.add_argument("--rounds", type=int, default=3)
+    opts = parser.parse_args()
+    tmp = tempfile.mkdtemp(prefix="nats-consumer-")
+    broker = Broker(Path(tmp), workers=1).start()
+    try:
+        pids = [p.pid for p in psutil.Process(broker.proc.pid).children(recursive=True)]
+        for rnd in range(opts.rounds):
+            rate, us = run(broker, pids, b"consumer.%d" % rnd, opts.messages)
+            print(f"round {rnd}: {rate:>9,.0f} msg/s, {us:5.2f} µs of the broker's CPU a message received and acked")
+    finally:
+        broker.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
