@@ -12,22 +12,17 @@ from __future__ import annotations
 
 import argparse
 import re
-import shutil
 import socket
 import sys
-import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
-import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from harness import Broker  # noqa: E402
-
-_MSG = re.compile(rb"H?MSG (\S+) \S+(?: \S+)?(?: (\d+))? (\d+)\r\n")
-
+from harness import Broker, measured_broker  # noqa: E402
 
 def _fill(port: int, queue: bytes, n: int) -> None:
     item = b'{"data":"' + b"x" * 118 + b'"}'
@@ -48,29 +43,29 @@ class _Frames:
     def take(self, count: int) -> list[tuple[bytes, bytes]]:
         out = []
         while len(out) < count:
-            if self.buf.startswith(b"PING\r\n"):   # the server's (its first comes 2 s after CONNECT)
-                self.sock.sendall(b"PONG\r\n")
-                self.buf = self.buf[6:]
+            end = self.buf.find(b"\r\n")
+            head = self.buf[:end].split() if end >= 0 else None
+            if head is not None and head[:1] not in ([b"MSG"], [b"HMSG"]):   # PING, +OK, ...
+                if head == [b"PING"]:   # the server's (its first comes 2 s after CONNECT)
+                    self.sock.sendall(b"PONG\r\n")
+                self.buf = self.buf[end + 2:]
                 continue
-            m = _MSG.match(self.buf)
-            if m is None or len(self.buf) < m.end() + int(m.group(3)) + 2:
+            size = int(head[-1]) if head else 0
+            if head is None or len(self.buf) < end + 2 + size + 2:
                 chunk = self.sock.recv(1 << 20)
                 if not chunk:
                     raise RuntimeError("the broker closed the connection")
                 self.buf += chunk
                 continue
-            size, hsize = int(m.group(3)), int(m.group(2) or 0)
-            body = self.buf[m.end():m.end() + size]
+            body = self.buf[end + 2:end + 2 + size]
+            hsize = int(head[-2]) if head[0] == b"HMSG" else 0
             out.append((body[:hsize], body[hsize:]))
-            self.buf = self.buf[m.end() + size + 2:]
+            self.buf = self.buf[end + 2 + size + 2:]
         return out
 
 
-def run(broker: Broker, pids: list[int], queue: bytes, n: int) -> tuple[float, float]:
+def run(broker: Broker, cpu: Callable[[], float], queue: bytes, n: int) -> tuple[float, float]:
     """-> (messages a second, µs of the broker's CPU a message)."""
-    def cpu() -> float:
-        return sum(sum(psutil.Process(p).cpu_times()[:2]) for p in pids)
-
     _fill(broker.ports["ndjson"], queue, n)
     with socket.create_connection(("127.0.0.1", broker.ports["nats"])) as s:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -101,16 +96,10 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=100_000, help="a multiple of 100")
     parser.add_argument("--rounds", type=int, default=3)
     opts = parser.parse_args()
-    tmp = tempfile.mkdtemp(prefix="nats-consumer-")
-    broker = Broker(Path(tmp), workers=1).start()
-    try:
-        pids = [p.pid for p in psutil.Process(broker.proc.pid).children(recursive=True)]
+    with measured_broker("nats-consumer-") as (broker, cpu):
         for rnd in range(opts.rounds):
-            rate, us = run(broker, pids, b"consumer.%d" % rnd, opts.messages)
+            rate, us = run(broker, cpu, b"consumer.%d" % rnd, opts.messages)
             print(f"round {rnd}: {rate:>9,.0f} msg/s, {us:5.2f} µs of the broker's CPU a message received and acked")
-    finally:
-        broker.close()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

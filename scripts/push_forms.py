@@ -18,18 +18,16 @@ bound.
 from __future__ import annotations
 
 import argparse
-import shutil
 import socket
 import sys
-import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from harness import Broker  # noqa: E402
+from harness import measured_broker  # noqa: E402
 
 DATA = b'"' + b"x" * 118 + b'"'
 FORMS = ("single", "priority", "delay", "spaced", "dedup", "batch", "batchdedup", "nats", "natsid")
@@ -67,11 +65,8 @@ def _nats(port: int) -> socket.socket:
     return s
 
 
-def run(ports: dict, pids: list[int], form: str, n: int) -> tuple[float, float]:
+def run(ports: dict, cpu: Callable[[], float], form: str, n: int) -> tuple[float, float]:
     """-> (messages a second, µs of the broker's CPU a message)."""
-    def cpu() -> float:
-        return sum(sum(psutil.Process(p).cpu_times()[:2]) for p in pids)
-
     queue = b"forms.%s.%d" % (form.encode(), time.time_ns())
     batch = lines(form, queue, n)
     s = _nats(ports["nats"]) if form.startswith("nats") else socket.create_connection(("127.0.0.1", ports["ndjson"]))
@@ -103,17 +98,11 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=2)
     opts = parser.parse_args()
-    tmp = tempfile.mkdtemp(prefix="push-forms-")
-    broker = Broker(Path(tmp), workers=1).start()
-    try:
-        pids = [p.pid for p in psutil.Process(broker.proc.pid).children(recursive=True)]
+    with measured_broker("push-forms-") as (broker, cpu):
         for _ in range(opts.rounds):
             for form in opts.forms.split(","):
-                rate, us = run(broker.ports, pids, form, opts.messages)
+                rate, us = run(broker.ports, cpu, form, opts.messages)
                 print(f"{form:>10}: {rate:>9,.0f} msg/s, {us:5.2f} µs of the broker's CPU a message")
-    finally:
-        broker.close()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

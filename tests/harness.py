@@ -292,6 +292,20 @@ def on_worker(port: int, worker: int, user: str | None = None, password: str | N
 
 
 @contextlib.contextmanager
+def measured_broker(prefix: str, workers: int = 1):
+    """A broker in a directory of its own, for a script's measurement: -> (the broker, a function giving the CPU
+    seconds its workers and acceptor have used so far)."""
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    broker = Broker(Path(tmp), workers=workers).start()
+    try:
+        processes = psutil.Process(broker.proc.pid).children(recursive=True)
+        yield broker, lambda: sum(sum(p.cpu_times()[:2]) for p in processes)
+    finally:
+        broker.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
 def small_disk(size_kib: int, mount: bool = True):
     """-> (a directory, whether it is a tmpfs of ``size_kib`` KiB).  Mounting needs root; where it fails (or with
     ``mount`` False) the directory is a plain one, and the caller limits the workers' file size instead
