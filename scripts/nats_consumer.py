@@ -22,7 +22,8 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from harness import Broker, measured_broker  # noqa: E402
+from harness import Broker, NatsFrames, measured_broker  # noqa: E402
+
 
 def _fill(port: int, queue: bytes, n: int) -> None:
     item = b'{"data":"' + b"x" * 118 + b'"}'
@@ -34,36 +35,6 @@ def _fill(port: int, queue: bytes, n: int) -> None:
             answered += s.recv(1 << 20).count(b"\n")
 
 
-class _Frames:
-    """MSG and HMSG frames off a socket: (headers, payload) each."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock, self.buf = sock, b""
-
-    def take(self, count: int) -> list[tuple[bytes, bytes]]:
-        out = []
-        while len(out) < count:
-            end = self.buf.find(b"\r\n")
-            head = self.buf[:end].split() if end >= 0 else None
-            if head is not None and head[:1] not in ([b"MSG"], [b"HMSG"]):   # PING, +OK, ...
-                if head == [b"PING"]:   # the server's (its first comes 2 s after CONNECT)
-                    self.sock.sendall(b"PONG\r\n")
-                self.buf = self.buf[end + 2:]
-                continue
-            size = int(head[-1]) if head else 0
-            if head is None or len(self.buf) < end + 2 + size + 2:
-                chunk = self.sock.recv(1 << 20)
-                if not chunk:
-                    raise RuntimeError("the broker closed the connection")
-                self.buf += chunk
-                continue
-            body = self.buf[end + 2:end + 2 + size]
-            hsize = int(head[-2]) if head[0] == b"HMSG" else 0
-            out.append((body[:hsize], body[hsize:]))
-            self.buf = self.buf[end + 2 + size + 2:]
-        return out
-
-
 def run(broker: Broker, cpu: Callable[[], float], queue: bytes, n: int) -> tuple[float, float]:
     """-> (messages a second, µs of the broker's CPU a message)."""
     _fill(broker.ports["ndjson"], queue, n)
@@ -73,18 +44,18 @@ def run(broker: Broker, cpu: Callable[[], float], queue: bytes, n: int) -> tuple
         seen = b""
         while b"PONG\r\n" not in seen:
             seen += s.recv(1 << 16)
-        frames = _Frames(s)
+        frames = NatsFrames(s)
         c0, t0 = cpu(), time.perf_counter()
         done = 0
         pull = b'{"batch":100}'
         while done < n:
             s.sendall(b"PUB $Q.RECV.%s _INBOX.consumer.%d %d\r\n%s\r\n" % (queue, done, len(pull), pull))
             got = frames.take(min(100, n - done))
-            receipts = [re.search(rb"Q-Receipt: (\S+)", headers).group(1) for headers, _ in got]
+            receipts = [re.search(rb"Q-Receipt: (\S+)", headers).group(1) for _, headers, _ in got]
             s.sendall(b"".join([b"PUB $Q.ACK.%s.%s 0\r\n\r\n" % (queue, r) for r in receipts]))
             done += len(got)
         s.sendall(b"PUB $Q.STAT.%s _INBOX.consumer.stat 0\r\n\r\n" % queue)   # after the acks: they are done
-        stat = orjson.loads(frames.take(1)[0][1])["stat"]
+        stat = orjson.loads(frames.take(1)[0][2])["stat"]
         elapsed, used = time.perf_counter() - t0, cpu() - c0
     if stat["acked"] != n or stat["messages"]:
         raise RuntimeError(f"not every message was acked: {stat}")

@@ -272,6 +272,41 @@ class Raw:
         self.close()
 
 
+class NatsFrames:
+    """MSG and HMSG frames off a raw NATS socket, in order: (the reply subject's last token, headers, payload).
+    Other lines are skipped (the server's PING answered)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.buf = sock, b""
+
+    def take(self, count: int) -> list[tuple[str, bytes, bytes]]:
+        out = []
+        while len(out) < count:
+            end = self.buf.find(b"\r\n")
+            head = self.buf[:end].split() if end >= 0 else None
+            if head is not None and head[:1] not in ([b"MSG"], [b"HMSG"]):   # PING, +OK, ...
+                if head == [b"PING"]:   # the server's (its first comes 2 s after CONNECT)
+                    self.sock.sendall(b"PONG\r\n")
+                self.buf = self.buf[end + 2:]
+                continue
+            size = int(head[-1]) if head is not None else 0
+            if head is None or len(self.buf) < end + 2 + size + 2:
+                chunk = self.sock.recv(1 << 20)
+                if not chunk:
+                    raise ConnectionError(f"closed; have {self.buf[:200]!r}")
+                self.buf += chunk
+                continue
+            body = self.buf[end + 2:end + 2 + size]
+            hsize = int(head[-2]) if head[0] == b"HMSG" else 0
+            out.append((head[1].rsplit(b".", 1)[1].decode(), body[:hsize], body[hsize:]))
+            self.buf = self.buf[end + 2 + size + 2:]
+        return out
+
+    def by_token(self, count: int) -> dict[str, tuple[bytes, bytes]]:
+        """The next ``count`` frames, each to a reply subject of its own: last token -> (headers, payload)."""
+        return {token: (headers, payload) for token, headers, payload in self.take(count)}
+
+
 def on_worker(port: int, worker: int, user: str | None = None, password: str | None = None,
               tries: int = 32) -> Raw:
     """A connection that landed on ``worker`` (the acceptor balances by live connections), logged in as ``user``

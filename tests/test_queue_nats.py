@@ -9,7 +9,7 @@ import socket
 import nats
 import pytest
 
-from harness import on_worker
+from harness import NatsFrames, on_worker
 from test_security import secure_config
 
 
@@ -183,30 +183,6 @@ def test_answers_are_the_brokers_own_messages(start_broker):
         watcher.close()
 
 
-def _frames(sock: socket.socket, count: int) -> dict[str, tuple[bytes, bytes]]:
-    """The next ``count`` MSG/HMSG frames: reply subject's last token -> (headers, payload)."""
-    buf, out = b"", {}
-    sock.settimeout(5)
-    while len(out) < count:
-        while True:
-            end = buf.find(b"\r\n")
-            if end < 0:
-                break
-            head = buf[:end].split()
-            if head[0] not in (b"MSG", b"HMSG"):
-                buf = buf[end + 2:]
-                continue
-            size, hsize = int(head[-1]), int(head[-2]) if head[0] == b"HMSG" else 0
-            if len(buf) < end + 2 + size + 2:
-                break
-            body = buf[end + 2:end + 2 + size]
-            out[head[1].rsplit(b".", 1)[1].decode()] = (body[:hsize], body[hsize:])
-            buf = buf[end + 2 + size + 2:]
-        if len(out) < count:
-            buf += sock.recv(1 << 16)
-    return out
-
-
 @pytest.mark.parametrize("workers", [1, 2])
 def test_pipelined_pushes_are_each_answered_on_their_own_subject(start_broker, workers):
     # One read of pushes goes to the owner as one request (each push stored or refused on its own): every push
@@ -218,7 +194,7 @@ def test_pipelined_pushes_are_each_answered_on_their_own_subject(start_broker, w
         head = f"HPUB {subject} {reply} {len(block)} {len(block) + len(data)}\r\n".encode()
         return head + block + data + b"\r\n"
 
-    with socket.create_connection(("127.0.0.1", broker.ports["nats"])) as s:
+    with socket.create_connection(("127.0.0.1", broker.ports["nats"]), timeout=10) as s:
         s.sendall(b'CONNECT {"verbose":false,"headers":true}\r\nSUB _INBOX.t.* 1\r\nPING\r\n')
         seen = b""
         while b"PONG" not in seen:
@@ -236,7 +212,7 @@ def test_pipelined_pushes_are_each_answered_on_their_own_subject(start_broker, w
             b"PUB $Q.STAT.nq.gather _INBOX.t.8 0\r\n\r\n",
             *[b"PUB $Q.PUSH.nq.plain _INBOX.t.%d 1\r\nx\r\n" % i for i in range(9, 29)],   # stored together
         ]))
-        got = {k: json.loads(v[1]) for k, v in _frames(s, 28).items()}
+        got = {k: json.loads(v[1]) for k, v in NatsFrames(s).by_token(28).items()}
     assert set(got) == {"0", "1", "2", "3", "4", "6", "7", "8", *map(str, range(9, 29))}
     assert len({got[str(i)]["id"] for i in range(9, 29)}) == 20
     assert all(got[k]["ok"] for k in ("0", "1", "3", "6", "7"))
@@ -259,16 +235,12 @@ def test_pipelined_acks_are_each_done_and_answered(start_broker, workers):
     # One read of acks goes to the owner as one request: each ack done or refused on its own, those with a reply
     # subject answered on it, and a request of another kind after them (a nak, a stat) sees them done.
     broker = start_broker(workers=workers)
-    with socket.create_connection(("127.0.0.1", broker.ports["nats"])) as s:
+    with socket.create_connection(("127.0.0.1", broker.ports["nats"]), timeout=10) as s:
         s.sendall(b'CONNECT {"verbose":false,"headers":true}\r\nSUB _INBOX.t.* 1\r\n'
                   + b"".join(b"PUB $Q.PUSH.nq.acks 2\r\nm%d\r\n" % i for i in range(10))
                   + b'PUB $Q.RECV.nq.acks _INBOX.t.recv 12\r\n{"batch":10}\r\n')
-        buf, receipts = b"", []
-        s.settimeout(5)
-        while len(receipts) < 10:
-            buf += s.recv(1 << 16)
-            receipts = re.findall(rb"Q-Receipt: (\S+)\r\n", buf)
-        r = [x.decode() for x in receipts]
+        frames = NatsFrames(s)
+        r = [re.search(rb"Q-Receipt: (\S+)", headers).group(1).decode() for _, headers, _ in frames.take(10)]
         block = b"NATS/1.0\r\nQ-Receipt: %s\r\n\r\n" % r[6].encode()
         s.sendall(b"".join([
             *[b"PUB $Q.ACK.nq.acks.%s 0\r\n\r\n" % x.encode() for x in r[:6]],      # no reply: not answered
@@ -278,7 +250,7 @@ def test_pipelined_acks_are_each_done_and_answered(start_broker, workers):
             b"PUB $Q.ACK.nq.acks.%s _INBOX.t.nak 4\r\n-NAK\r\n" % r[7].encode(),
             b"PUB $Q.STAT.nq.acks _INBOX.t.stat 0\r\n\r\n",
         ]))
-        got = {k: json.loads(v[1]) for k, v in _frames(s, 5).items()}
+        got = {k: json.loads(v[1]) for k, v in frames.by_token(5).items()}
     assert got["again"] == {"ok": True, "already_acked": True}
     assert got["bogus"] == {"ok": False, "error": "invalid_receipt"}
     assert got["header"] == {"ok": True}
