@@ -278,6 +278,7 @@ class NatsFrames:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock, self.buf = sock, b""
+        self.raw: list[bytes] = []   # each frame taken, whole
 
     def take(self, count: int) -> list[tuple[str, bytes, bytes]]:
         out = []
@@ -299,6 +300,7 @@ class NatsFrames:
             body = self.buf[end + 2:end + 2 + size]
             hsize = int(head[-2]) if head[0] == b"HMSG" else 0
             out.append((head[1].rsplit(b".", 1)[1].decode(), body[:hsize], body[hsize:]))
+            self.raw.append(self.buf[:end + 2 + size + 2])
             self.buf = self.buf[end + 2 + size + 2:]
         return out
 

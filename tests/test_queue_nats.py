@@ -351,3 +351,57 @@ def test_waiters_per_connection_are_bounded(start_broker):
         await nc2.close()
 
     asyncio.run(run())
+
+
+def test_a_receives_frames_are_the_same_whoever_else_listens(start_broker):
+    """A receive's messages to an inbox that only one subscription listens on are made into frames at once
+    (nats_ops._deliveries); with another subscription on it they go one by one through the hub.  The bytes are
+    the same either way, for each kind of data (a JSON string, other JSON, raw bytes), counted alike, and a
+    subscription's delivery limit (UNSUB <sid> <max>) still holds."""
+    broker = start_broker(workers=1)
+    queues = ("nq.alone", "nq.shared", "nq.limited")
+    pusher = on_worker(broker.ports["ndjson"], 0)
+    for queue in queues:
+        for data in ("héllo", {"a": [1, 2]}, "x" * 70_000, 42):   # the large one ends a chunk (nats_ops._CHUNK)
+            assert pusher.request({"op": "qpush", "queue": queue, "data": data})["ok"]
+    pusher.close()
+    with socket.create_connection(("127.0.0.1", broker.ports["nats"]), timeout=10) as s:
+        s.sendall(b'CONNECT {"verbose":false,"headers":true}\r\n'
+                  + b"".join(b"PUB $Q.PUSH.%s 4\r\n\x00raw\r\n" % q.encode() for q in queues)
+                  + b"SUB _INBOX.a.* 1\r\nSUB _INBOX.s.* 2\r\nSUB _INBOX.s.x 3\r\nSUB _INBOX.l.* 4\r\nUNSUB 4 2\r\n"
+                  + b"PING\r\n")
+        seen = b""
+        while b"PONG" not in seen:
+            seen += s.recv(1024)
+        frames = NatsFrames(s)
+
+        def receive(queue: str, inbox: bytes, count: int) -> list[bytes]:
+            s.sendall(b'PUB $Q.RECV.%s %s.x 11\r\n{"batch":9}\r\n' % (queue.encode(), inbox))
+            frames.take(count)
+            return frames.raw[-count:]
+
+        alone = receive("nq.alone", b"_INBOX.a", 5)
+        shared = receive("nq.shared", b"_INBOX.s", 10)
+        limited = receive("nq.limited", b"_INBOX.l", 2)
+        s.sendall(b"PUB $Q.STAT.nq.limited _INBOX.a.stat 0\r\n\r\n")
+        (token, _, stat), = frames.take(1)   # the answer after them: the limit held back the other two
+        port = s.getsockname()[1]
+        conn = next(c for c in broker.http("/connz?limit=1000")[1]["connections"] if c["port"] == port)
+
+    def same(frame: bytes) -> bytes:   # what does not depend on the queue, the inbox or the lease
+        rest = frame.split(b" ", 3)[3]
+        rest = re.sub(rb"^\$Q\.ACK\.nq\.\w+\.(\S+)", b"ACK", rest)
+        return re.sub(rb"(Q-Receipt|Q-Msg-Id): \S+", rb"\1: x", rest)
+
+    payloads = ["héllo".encode(), b'{"a":[1,2]}', b"x" * 70_000, b"42", b"\x00raw"]
+    assert [f.split(b"\r\n\r\n", 1)[1][:-2] for f in alone] == payloads
+    assert all(f.startswith(b"HMSG _INBOX.a.x 1 $Q.ACK.nq.alone.") for f in alone)
+    for f in alone:   # the receipt in the reply subject is the one in the headers
+        assert re.search(rb"Q-Receipt: (\S+)", f).group(1) == f.split(b" ")[3].rsplit(b".", 1)[1]
+    for sid in (b"2", b"3"):
+        copies = [f for f in shared if f.split(b" ")[2] == sid]
+        assert [same(f) for f in copies] == [same(f) for f in alone]
+    assert [same(f) for f in limited] == [same(f) for f in alone[:2]]
+    assert token == "stat" and json.loads(stat)["stat"]["in_flight"] == 5
+    assert conn["out_msgs"] == 5 + 10 + 2 + 1
+    assert conn["out_bytes"] == sum(len(f.split(b"\r\n", 1)[1]) - 2 for f in alone + shared + limited) + len(stat)

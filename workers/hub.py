@@ -421,6 +421,26 @@ class Hub:
             return True
         return delivered > 0
 
+    def sole_subscriber(self, route: Route) -> Subscription | None:
+        """The one NATS subscription that is all ``route`` reaches (on this worker, no other, no queue group, no
+        delivery limit): the broker's answers to it may go as frames rendered by their maker (``send_frames``);
+        None where they go by ``send``."""
+        if len(route.nats) == 1 and not (route.ndjson or route.others or route.remote or route.queued):
+            sub = route.nats[0]
+            if not sub.max_msgs:
+                return sub
+        return None
+
+    def send_frames(self, sub: Subscription, frames: list[bytes], size: int) -> None:
+        """``send`` of ``len(frames)`` messages from the broker to ``sub`` alone (``sole_subscriber``), each
+        already a whole frame of its protocol; ``size``: their payloads' bytes, which the out counters count."""
+        if self.batch is not None:
+            self.end_batch()   # deliveries batched before them go first, as in _deliver
+        n = len(frames)
+        sub.conn.deliver_batch(b"".join(frames), n, size)
+        sub.delivered += n
+        self.turn_work += 2 * n   # what send counts: a publish and a delivery each
+
     def run_room(self, route: Route, payloads: list[bytes], start: int = 0) -> int:
         """How many of ``payloads[start:]`` (a run to ``route``) to take in one go: what this turn's budget has
         room for (at least one, so that every turn makes progress), and at most a batch's bytes, so that a consumer
@@ -457,7 +477,7 @@ class Hub:
             nbytes += b
             if self.turn_work >= TURN_BUDGET or self.holding or origin.closed:
                 break
-            route = self._current(route)   # a delivery (an UNSUB limit reached) may have changed the tries
+            route = self.current(route)   # a delivery (an UNSUB limit reached) may have changed the tries
         return taken, nbytes, anyone
 
     def _publish_chunk(self, route: Route, kind: int, payloads: list[bytes], nbytes: int, reply: str | None,
@@ -484,10 +504,10 @@ class Hub:
         members = route.members
         if members is not None and (origin is None or origin.echo or origin not in members):
             return self._batch_add_run(route, kind, payloads, reply)
-        deliver, current = self._deliver, self._current
+        deliver, current = self._deliver, self.current
         return sum([deliver(current(route), kind, payload, reply, None, origin) for payload in payloads])
 
-    def _current(self, route: Route) -> Route:
+    def current(self, route: Route) -> Route:
         """``route`` as of now: a delivery (an UNSUB limit reached) may have changed the tries mid-run."""
         if route.generation == self.generation:
             return route

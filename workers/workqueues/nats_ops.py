@@ -24,13 +24,14 @@ from typing import TYPE_CHECKING
 import orjson
 
 from router.subjects import is_valid_literal
-from workers.message import KIND_RAW
+from workers.message import KIND_RAW, as_bytes
 
 from .model import D_DATA, D_DELIVERIES, D_ID, D_KIND, D_RECEIPT, MS
 from .service import allowed
 from .shard import MAX_BATCH
 
 if TYPE_CHECKING:
+    from workers.hub import Hub, Route, Subscription
     from workers.nats import NatsSession
 
 PREFIX = b"$Q."
@@ -206,9 +207,38 @@ def _answer(session: "NatsSession", reply: str | None, op: str, result: dict, ar
             hub.send(route, KIND_RAW, b"", None, _TIMEOUT if args and args.get("wait_ms") else _NO_MESSAGES, None)
             return
         queue = args["queue"]
+        sub = hub.sole_subscriber(route)
+        if sub is not None and sub.conn.headers:   # the requester's inbox alone: its frames made here, at once
+            _deliveries(hub, sub, route, queue, messages)
+            return
         for m in messages:   # model.D_* tuples
             block = ("NATS/1.0\r\nQ-Receipt: %s\r\nQ-Deliveries: %d\r\nQ-Msg-Id: %s\r\n\r\n"
                      % (m[D_RECEIPT], m[D_DELIVERIES], m[D_ID])).encode()
+            route = hub.current(route)   # a delivery limit (UNSUB <sid> <max>) reached unsubscribes
             hub.send(route, m[D_KIND], m[D_DATA], f"$Q.ACK.{queue}.{m[D_RECEIPT]}", block, None)
         return
     hub.send(route, KIND_RAW, orjson.dumps(result), None, None, None)
+
+
+_CHUNK = 1 << 16   # payload bytes of a receive's frames joined at most into one delivery (_deliveries)
+
+
+def _deliveries(hub: "Hub", sub: "Subscription", route: "Route", queue: str, messages: list) -> None:
+    """A receive's messages as the HMSG frames ``hub.send`` would make of them for ``sub`` alone, made in one
+    loop and delivered as one chunk (``Hub.send_frames``)."""
+    head = b"HMSG %s %s $Q.ACK.%s." % (route.subject_b, sub.sid, queue.encode())
+    frames = []
+    size = 0
+    for m in messages:   # model.D_* tuples
+        receipt = m[D_RECEIPT]
+        block = ("NATS/1.0\r\nQ-Receipt: %s\r\nQ-Deliveries: %d\r\nQ-Msg-Id: %s\r\n\r\n"
+                 % (receipt, m[D_DELIVERIES], m[D_ID])).encode()
+        body = as_bytes(m[D_KIND], m[D_DATA])
+        n = len(block) + len(body)
+        frames.append(b"%s%s %d %d\r\n%s%s\r\n" % (head, receipt.encode(), len(block), n, block, body))
+        size += n
+        if size >= _CHUNK:   # a thousand messages of up to a MiB each: never one join of all of them
+            hub.send_frames(sub, frames, size)
+            frames, size = [], 0
+    if frames:
+        hub.send_frames(sub, frames, size)
