@@ -21,11 +21,13 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import psutil
 
 REPO = Path(__file__).resolve().parent.parent
 READY = re.compile(r"ready: (.*) workers=(\d+) pids=([\d,]+)")
+T = TypeVar("T")   # a connection of any kind (landed)
 
 
 class Broker:
@@ -309,23 +311,52 @@ class NatsFrames:
         return {token: (headers, payload) for token, headers, payload in self.take(count)}
 
 
-def on_worker(port: int, worker: int, user: str | None = None, password: str | None = None,
-              tries: int = 32) -> Raw:
-    """A connection that landed on ``worker`` (the acceptor balances by live connections), logged in as ``user``
-    if given (``info`` needs authentication then, so each try logs in)."""
+def landed(connect: Callable[[], T], worker_of: Callable[[T], int | None], worker: int, tries: int = 32) -> T:
+    """The first of up to ``tries`` connections (``connect()``) that landed on ``worker`` (``worker_of`` tells
+    where one did); the others are kept open meanwhile, since the acceptor balances by live connections, and
+    closed at the end."""
     others = []
     try:
         for _ in range(tries):
-            conn = Raw(port)
-            if user is not None:
-                assert conn.request({"op": "auth", "user": user, "pass": password}) == {"ok": True}
-            if conn.request({"op": "info"})["info"]["worker"] == worker:
+            conn = connect()
+            if worker_of(conn) == worker:
                 return conn
             others.append(conn)
         raise AssertionError(f"no connection landed on worker {worker}")
     finally:
         for conn in others:
             conn.close()
+
+
+def on_worker(port: int, worker: int, user: str | None = None, password: str | None = None,
+              tries: int = 32) -> Raw:
+    """An NDJSON connection that landed on ``worker``, logged in as ``user`` if given (``info`` needs
+    authentication then, so each try logs in)."""
+    def connect() -> Raw:
+        conn = Raw(port)
+        if user is not None:
+            assert conn.request({"op": "auth", "user": user, "pass": password}) == {"ok": True}
+        return conn
+
+    return landed(connect, lambda conn: conn.request({"op": "info"})["info"]["worker"], worker, tries)
+
+
+def nats_on_worker(broker: "Broker", worker: int, inbox: str) -> socket.socket:
+    """A raw NATS connection subscribed to ``<inbox>.*`` (sid 1) that landed on ``worker`` (/connz by its port)."""
+    def connect() -> socket.socket:
+        s = socket.create_connection(("127.0.0.1", broker.ports["nats"]), timeout=30)
+        s.sendall(b'CONNECT {"verbose":false,"headers":true}\r\nSUB %s.* 1\r\nPING\r\n' % inbox.encode())
+        seen = b""
+        while b"PONG" not in seen:
+            seen += s.recv(1024)
+        return s
+
+    def worker_of(s: socket.socket) -> int | None:
+        port = s.getsockname()[1]
+        return next((c["worker"] for c in broker.http("/connz?limit=1000")[1]["connections"] if c["port"] == port),
+                    None)
+
+    return landed(connect, worker_of, worker)
 
 
 @contextlib.contextmanager

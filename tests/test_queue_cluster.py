@@ -6,12 +6,11 @@ import json
 import os
 import re
 import signal
-import socket
 import time
 import urllib.request
 import zlib
 
-from harness import NatsFrames, pid_alive
+from harness import NatsFrames, nats_on_worker, pid_alive
 
 N = 2000
 
@@ -116,35 +115,14 @@ def test_kill_9_of_the_owner_loses_nothing_acknowledged(start_broker):
     assert "replayed" in broker.log(), broker.log()[-2000:]
 
 
-def _nats_on_worker(broker, worker: int, inbox: str) -> socket.socket:
-    """A raw NATS connection subscribed to ``<inbox>.*`` that landed on ``worker`` (found in /connz by its port)."""
-    others = []
-    try:
-        for _ in range(32):
-            s = socket.create_connection(("127.0.0.1", broker.ports["nats"]), timeout=30)
-            s.sendall(b'CONNECT {"verbose":false,"headers":true}\r\nSUB %s.* 1\r\nPING\r\n' % inbox.encode())
-            seen = b""
-            while b"PONG" not in seen:
-                seen += s.recv(1024)
-            port = s.getsockname()[1]
-            if any(c["port"] == port and c["worker"] == worker
-                   for c in broker.http("/connz?limit=1000")[1]["connections"]):
-                return s
-            others.append(s)
-        raise AssertionError(f"no NATS connection landed on worker {worker}")
-    finally:
-        for s in others:
-            s.close()
-
-
 def test_kill_9_of_the_owner_loses_no_pipelined_nats_push_and_leases_survive_it(start_broker):
     # NATS pushes and acks pipelined in one packet go to the owner as one request each: a kill -9 of the owner
     # between them loses no push that was answered ok, and the leases taken before it are acked after it
     broker = start_broker(workers=2)
     queue = next(q for q in (f"ncrash.{i}" for i in range(100)) if zlib.crc32(q.encode()) % 2 == 1)
     owner_pid = next(w["pid"] for w in broker.varz()["workers"] if w["worker"] == 1)
-    producer = _nats_on_worker(broker, 0, "_INBOX.p")
-    consumer = _nats_on_worker(broker, 0, "_INBOX.c")
+    producer = nats_on_worker(broker, 0, "_INBOX.p")
+    consumer = nats_on_worker(broker, 0, "_INBOX.c")
     answers_p, answers_c = NatsFrames(producer), NatsFrames(consumer)
     stored: set[int] = set()
     retried: set[int] = set()
