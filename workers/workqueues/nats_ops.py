@@ -212,8 +212,7 @@ def _answer(session: "NatsSession", reply: str | None, op: str, result: dict, ar
             _deliveries(hub, sub, route, queue, messages)
             return
         for m in messages:   # model.D_* tuples
-            block = ("NATS/1.0\r\nQ-Receipt: %s\r\nQ-Deliveries: %d\r\nQ-Msg-Id: %s\r\n\r\n"
-                     % (m[D_RECEIPT], m[D_DELIVERIES], m[D_ID])).encode()
+            block = _delivery_headers(m)
             route = hub.current(route)   # a delivery limit (UNSUB <sid> <max>) reached unsubscribes
             hub.send(route, m[D_KIND], m[D_DATA], f"$Q.ACK.{queue}.{m[D_RECEIPT]}", block, None)
         return
@@ -223,19 +222,23 @@ def _answer(session: "NatsSession", reply: str | None, op: str, result: dict, ar
 _CHUNK = 1 << 16   # payload bytes of a receive's frames joined at most into one delivery (_deliveries)
 
 
+def _delivery_headers(m: tuple) -> bytes:
+    """The header block of a received message (a ``model.D_*`` tuple) as it goes to a NATS consumer."""
+    return ("NATS/1.0\r\nQ-Receipt: %s\r\nQ-Deliveries: %d\r\nQ-Msg-Id: %s\r\n\r\n"
+            % (m[D_RECEIPT], m[D_DELIVERIES], m[D_ID])).encode()
+
+
 def _deliveries(hub: "Hub", sub: "Subscription", route: "Route", queue: str, messages: list) -> None:
     """A receive's messages as the HMSG frames ``hub.send`` would make of them for ``sub`` alone, made in one
-    loop and delivered as one chunk (``Hub.send_frames``)."""
+    loop and delivered in chunks of at most ``_CHUNK`` payload bytes and one message (``Hub.send_frames``)."""
     head = b"HMSG %s %s $Q.ACK.%s." % (route.subject_b, sub.sid, queue.encode())
     frames = []
     size = 0
     for m in messages:   # model.D_* tuples
-        receipt = m[D_RECEIPT]
-        block = ("NATS/1.0\r\nQ-Receipt: %s\r\nQ-Deliveries: %d\r\nQ-Msg-Id: %s\r\n\r\n"
-                 % (receipt, m[D_DELIVERIES], m[D_ID])).encode()
+        block = _delivery_headers(m)
         body = as_bytes(m[D_KIND], m[D_DATA])
         n = len(block) + len(body)
-        frames.append(b"%s%s %d %d\r\n%s%s\r\n" % (head, receipt.encode(), len(block), n, block, body))
+        frames.append(b"%s%s %d %d\r\n%s%s\r\n" % (head, m[D_RECEIPT].encode(), len(block), n, block, body))
         size += n
         if size >= _CHUNK:   # a thousand messages of up to a MiB each: never one join of all of them
             hub.send_frames(sub, frames, size)
