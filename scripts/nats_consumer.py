@@ -22,7 +22,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from harness import Broker, NatsFrames, measured_broker  # noqa: E402
+from harness import Broker, NatsFrames, measured_broker, nats_ready  # noqa: E402
 
 
 def _fill(port: int, queue: bytes, n: int) -> None:
@@ -38,12 +38,7 @@ def _fill(port: int, queue: bytes, n: int) -> None:
 def run(broker: Broker, cpu: Callable[[], float], queue: bytes, n: int) -> tuple[float, float]:
     """-> (messages a second, µs of the broker's CPU a message)."""
     _fill(broker.ports["ndjson"], queue, n)
-    with socket.create_connection(("127.0.0.1", broker.ports["nats"])) as s:
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        s.sendall(b'CONNECT {"verbose":false,"headers":true}\r\nSUB _INBOX.consumer.* 1\r\nPING\r\n')
-        seen = b""
-        while b"PONG\r\n" not in seen:
-            seen += s.recv(1 << 16)
+    with nats_ready(broker.ports["nats"], b"SUB _INBOX.consumer.* 1\r\n", timeout=None) as s:
         frames = NatsFrames(s)
         c0, t0 = cpu(), time.perf_counter()
         done = 0

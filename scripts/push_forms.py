@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from harness import measured_broker  # noqa: E402
+from harness import measured_broker, nats_ready  # noqa: E402
 
 DATA = b'"' + b"x" * 118 + b'"'
 FORMS = ("single", "priority", "delay", "spaced", "dedup", "batch", "batchdedup", "nats", "natsid")
@@ -56,20 +56,12 @@ def lines(form: str, queue: bytes, n: int) -> list[bytes]:
     return [head + b'"messages":[%s]%s}\n' % (items, t) for t in tail]
 
 
-def _nats(port: int) -> socket.socket:
-    s = socket.create_connection(("127.0.0.1", port))
-    s.sendall(b'CONNECT {"verbose":false,"headers":true}\r\nSUB _INBOX.forms.* 1\r\nPING\r\n')
-    seen = b""
-    while b"PONG\r\n" not in seen:
-        seen += s.recv(1 << 16)
-    return s
-
-
 def run(ports: dict, cpu: Callable[[], float], form: str, n: int) -> tuple[float, float]:
     """-> (messages a second, µs of the broker's CPU a message)."""
     queue = b"forms.%s.%d" % (form.encode(), time.time_ns())
     batch = lines(form, queue, n)
-    s = _nats(ports["nats"]) if form.startswith("nats") else socket.create_connection(("127.0.0.1", ports["ndjson"]))
+    s = nats_ready(ports["nats"], b"SUB _INBOX.forms.* 1\r\n", timeout=None) if form.startswith("nats") \
+        else socket.create_connection(("127.0.0.1", ports["ndjson"]))
     with s:
         c0, t0 = cpu(), time.perf_counter()
         got, seen = 0, b""   # replies: each has its "ok" (a request's, a batch's one)

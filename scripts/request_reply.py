@@ -18,19 +18,10 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent.parent / "tests")]
 
 from cli.bench import servers  # noqa: E402
-
-
-def _connect(port: int, subscribe: bytes) -> socket.socket:
-    s = socket.create_connection(("127.0.0.1", port))
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    s.sendall(b'CONNECT {"verbose":false,"pedantic":false}\r\n' + subscribe + b"PING\r\n")
-    seen = b""
-    while b"PONG\r\n" not in seen:
-        seen += s.recv(1 << 16)
-    return s
+from harness import nats_ready  # noqa: E402
 
 
 def _respond(sock: socket.socket) -> None:
@@ -70,8 +61,8 @@ def _respond(sock: socket.socket) -> None:
 def run(server: servers.Server, requests: int, window: int, tag: int) -> tuple[float, float]:
     """-> (requests a second, µs of the server's CPU a request)."""
     port = server.ports["nats"]
-    requester = _connect(port, b"SUB _INBOX.%d.* 1\r\n" % tag)
-    responder = _connect(port, b"SUB svc 1\r\n")
+    requester = nats_ready(port, b"SUB _INBOX.%d.* 1\r\n" % tag, timeout=None)
+    responder = nats_ready(port, b"SUB svc 1\r\n", timeout=None)
     answering = threading.Thread(target=_respond, args=(responder,), daemon=True)
     answering.start()
     try:

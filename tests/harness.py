@@ -341,15 +341,22 @@ def on_worker(port: int, worker: int, user: str | None = None, password: str | N
     return landed(connect, lambda conn: conn.request({"op": "info"})["info"]["worker"], worker, tries)
 
 
+def nats_ready(port: int, commands: bytes, timeout: float | None = 30) -> socket.socket:
+    """A raw NATS socket (headers on, not verbose, no Nagle delay) that sent ``commands`` after its CONNECT and has
+    read the PONG of a PING after them: what they asked for (its subscriptions above all) is in place."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    s.sendall(b'CONNECT {"verbose":false,"headers":true}\r\n' + commands + b"PING\r\n")
+    seen = b""
+    while b"PONG\r\n" not in seen:
+        seen += s.recv(1 << 16)
+    return s
+
+
 def nats_on_worker(broker: "Broker", worker: int, inbox: str) -> socket.socket:
     """A raw NATS connection subscribed to ``<inbox>.*`` (sid 1) that landed on ``worker`` (/connz by its port)."""
     def connect() -> socket.socket:
-        s = socket.create_connection(("127.0.0.1", broker.ports["nats"]), timeout=30)
-        s.sendall(b'CONNECT {"verbose":false,"headers":true}\r\nSUB %s.* 1\r\nPING\r\n' % inbox.encode())
-        seen = b""
-        while b"PONG" not in seen:
-            seen += s.recv(1024)
-        return s
+        return nats_ready(broker.ports["nats"], b"SUB %s.* 1\r\n" % inbox.encode())
 
     def worker_of(s: socket.socket) -> int | None:
         port = s.getsockname()[1]

@@ -9,7 +9,7 @@ import socket
 import nats
 import pytest
 
-from harness import NatsFrames, on_worker
+from harness import NatsFrames, nats_ready, on_worker
 from test_security import secure_config
 
 
@@ -194,11 +194,7 @@ def test_pipelined_pushes_are_each_answered_on_their_own_subject(start_broker, w
         head = f"HPUB {subject} {reply} {len(block)} {len(block) + len(data)}\r\n".encode()
         return head + block + data + b"\r\n"
 
-    with socket.create_connection(("127.0.0.1", broker.ports["nats"]), timeout=10) as s:
-        s.sendall(b'CONNECT {"verbose":false,"headers":true}\r\nSUB _INBOX.t.* 1\r\nPING\r\n')
-        seen = b""
-        while b"PONG" not in seen:
-            seen += s.recv(1024)
+    with nats_ready(broker.ports["nats"], b"SUB _INBOX.t.* 1\r\n", timeout=10) as s:
         q = "$Q.PUSH.nq.gather"
         s.sendall(b"".join([
             b"PUB %s _INBOX.t.0 2\r\nm0\r\n" % q.encode(),
@@ -365,14 +361,10 @@ def test_a_receives_frames_are_the_same_whoever_else_listens(start_broker):
         for data in ("héllo", {"a": [1, 2]}, "x" * 70_000, 42):   # the large one ends a chunk (nats_ops._CHUNK)
             assert pusher.request({"op": "qpush", "queue": queue, "data": data})["ok"]
     pusher.close()
-    with socket.create_connection(("127.0.0.1", broker.ports["nats"]), timeout=10) as s:
-        s.sendall(b'CONNECT {"verbose":false,"headers":true}\r\n'
-                  + b"".join(b"PUB $Q.PUSH.%s 4\r\n\x00raw\r\n" % q.encode() for q in queues)
-                  + b"SUB _INBOX.a.* 1\r\nSUB _INBOX.s.* 2\r\nSUB _INBOX.s.x 3\r\nSUB _INBOX.l.* 4\r\nUNSUB 4 2\r\n"
-                  + b"PING\r\n")
-        seen = b""
-        while b"PONG" not in seen:
-            seen += s.recv(1024)
+    with nats_ready(broker.ports["nats"],
+                    b"".join(b"PUB $Q.PUSH.%s 4\r\n\x00raw\r\n" % q.encode() for q in queues)
+                    + b"SUB _INBOX.a.* 1\r\nSUB _INBOX.s.* 2\r\nSUB _INBOX.s.x 3\r\nSUB _INBOX.l.* 4\r\nUNSUB 4 2\r\n",
+                    timeout=10) as s:
         frames = NatsFrames(s)
 
         def receive(queue: str, inbox: bytes, count: int) -> list[bytes]:
