@@ -245,3 +245,22 @@ def test_a_push_of_columns_replays_to_the_same_messages(tmp_path):
         assert [m[3] for m in again.peek_visible(10)] == [b"4", b"5", b'"a"', b'{"b": 1}', b"3", b'"run1"', b'"run2"']
         d.close()
     run(body)
+
+
+def test_the_replies_to_a_read_of_several_turns_do_not_wait_for_a_long_poll_at_its_end(start_broker):
+    """A read of more pushes than one turn takes (``PUSHES_PER_TURN``) is answered when the read is done, not once
+    per turn (``Connection.end_turn``).  Here the read ends with a long poll on an empty queue, which waits: the
+    pushes' replies go out all the same, without waiting for the poll."""
+    from workers.workqueues.ndjson_ops import PUSHES_PER_TURN
+
+    b = start_broker(workers=2, config={"queues": {"move_connections": False}})
+    conn, q = placed(b, "turns", 0, 0)
+    n = 3 * PUSHES_PER_TURN   # three whole turns of pushes; the poll comes alone in the fourth
+    conn.send(b"".join(canonical(q, i) for i in range(n)) + compact({"op": "qrecv", "queue": q + "-empty",
+                                                                      "wait_ms": 20000}))
+    replies = [conn.json(timeout=5) for _ in range(n)]   # well before the poll's 20 s are up
+    assert all(r["ok"] for r in replies) and len({r["id"] for r in replies}) == n
+    with Raw(b.port) as producer:
+        assert producer.request({"op": "qpush", "queue": q + "-empty", "data": "late"})["ok"]
+    assert [m["data"] for m in conn.json()["messages"]] == ["late"]
+    conn.close()
