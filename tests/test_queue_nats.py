@@ -227,6 +227,28 @@ def test_pipelined_pushes_are_each_answered_on_their_own_subject(start_broker, w
 
 
 @pytest.mark.parametrize("workers", [1, 2])
+def test_a_read_of_pushes_longer_than_a_turn_is_answered_whole_and_seen_by_what_follows(start_broker, workers):
+    """Pushes count against the turn's budget over NATS as over NDJSON (``PUSHES_PER_TURN``): a read of more goes
+    on over several turns.  Every push is answered, without waiting for the long poll that ends the read, and a
+    STAT between them sees them all."""
+    from workers.workqueues.service import PUSHES_PER_TURN
+
+    broker = start_broker(workers=workers)
+    n = 3 * PUSHES_PER_TURN
+    with nats_ready(broker.ports["nats"], b"SUB _INBOX.t.* 1\r\n", timeout=5) as s:
+        s.sendall(b"".join(b"PUB $Q.PUSH.nq.turns _INBOX.t.%d 1\r\nx\r\n" % i for i in range(n))
+                  + b"PUB $Q.STAT.nq.turns _INBOX.t.stat 0\r\n\r\n"
+                  + b'PUB $Q.RECV.nq.turns-empty _INBOX.t.poll 23\r\n{"expires":20000000000}\r\n')
+        got = {k: json.loads(v[1]) for k, v in NatsFrames(s).by_token(n + 1).items()}   # 5 s each, at most
+        assert all(got[str(i)]["ok"] for i in range(n)) and len({got[str(i)]["id"] for i in range(n)}) == n
+        assert got["stat"]["stat"]["visible"] == n
+        with nats_ready(broker.ports["nats"], b"PUB $Q.PUSH.nq.turns-empty 4\r\nlate\r\n", timeout=5):
+            pass
+        [(token, _, payload)] = NatsFrames(s).take(1)
+    assert (token, payload) == ("poll", b"late")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
 def test_pipelined_acks_are_each_done_and_answered(start_broker, workers):
     # One read of acks goes to the owner as one request: each ack done or refused on its own, those with a reply
     # subject answered on it, and a request of another kind after them (a nak, a stat) sees them done.

@@ -27,7 +27,7 @@ from router.subjects import is_valid_literal
 from workers.message import KIND_RAW, as_bytes
 
 from .model import D_DATA, D_DELIVERIES, D_ID, D_KIND, D_RECEIPT, MS
-from .service import allowed
+from .service import PUSH_WORK, allowed
 from .shard import MAX_BATCH
 
 if TYPE_CHECKING:
@@ -129,6 +129,8 @@ def handle(session: "NatsSession", subject_b: bytes, reply_b: bytes | None, head
         _answer(session, reply, op, {"ok": False, "error": "permission_denied"})
         return
     if op in _GATHERED:
+        if op == "push":
+            session.hub.turn_work += PUSH_WORK
         _gather(session, op, queue, args, reply)
         return
     if session.gathered is not None:   # the pushes and acks before this request go first

@@ -23,7 +23,7 @@ from workers.message import KIND_JSON, as_json
 from workers.speedups import qpush_batch, unplain
 
 from . import core
-from .service import allowed
+from .service import PUSH_WORK as _PUSH_WORK, allowed
 from .shard import MAX_BATCH
 
 if TYPE_CHECKING:
@@ -44,12 +44,6 @@ _FIELDS = {
     "redrive": ("to", "max"),
 }
 
-# A turn's share of pushes: each message pushed counts this much of the turn's budget (``hub.turn_work``), so a
-# read of a thousand pipelined pushes yields to the event loop every PUSHES_PER_TURN of them (the rest of the read
-# goes on in the next turn).  The queue's owner then reads its other clients and workers in between, consumers
-# included: a producer at full speed no longer starves the receives and acks of the queue it fills.
-PUSHES_PER_TURN = 128
-_PUSH_WORK = TURN_BUDGET // PUSHES_PER_TURN
 _dumps = orjson.dumps
 _LONG_DIGIT_RUN = codec._LONG_DIGIT_RUN
 _DIGITS = codec._DIGITS

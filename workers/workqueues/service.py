@@ -19,6 +19,7 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from router import shardmap
+from workers.connection import TURN_BUDGET
 
 from .model import DLQ_SUFFIX
 from .shard import Shard
@@ -33,6 +34,13 @@ CONTROL_KINDS = (REQUEST, REPLY, GONE)
 UNAVAILABLE_AFTER = 2.0
 Reply = Callable[[dict], None]
 
+
+# A turn's share of pushes, whatever the protocol: each message pushed counts this much of the turn's budget
+# (``hub.turn_work``), so a read of a thousand pipelined pushes yields to the event loop every PUSHES_PER_TURN of them
+# (the rest of the read goes on in the next turn).  The queue's owner then reads its other clients and workers in
+# between, consumers included: a producer at full speed does not starve the receives and acks of the queue it fills.
+PUSHES_PER_TURN = 128
+PUSH_WORK = TURN_BUDGET // PUSHES_PER_TURN
 
 _NEEDS = {"push": "publish", "purge": "admin", "redrive": "admin"}   # the rest: subscribe (stat: or admin)
 _TOKENED = ("push", "pushes")
