@@ -248,9 +248,9 @@ def test_a_push_of_columns_replays_to_the_same_messages(tmp_path):
 
 
 def test_the_replies_to_a_read_of_several_turns_do_not_wait_for_a_long_poll_at_its_end(start_broker):
-    """A read of more pushes than one turn takes (``PUSHES_PER_TURN``) is answered when the read is done, not once
-    per turn (``Connection.end_turn``).  Here the read ends with a long poll on an empty queue, which waits: the
-    pushes' replies go out all the same, without waiting for the poll."""
+    """A read of more pushes than one turn takes (``PUSHES_PER_TURN``) goes on over several turns, and here ends
+    with a long poll on an empty queue, which waits: the pushes' replies go out all the same, without waiting for
+    the poll."""
     from workers.workqueues.service import PUSHES_PER_TURN
 
     b = start_broker(workers=2, config={"queues": {"move_connections": False}})

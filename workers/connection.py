@@ -82,7 +82,6 @@ class Connection(asyncio.Protocol):
         self.peer_eof = False     # the client half-closed: nothing more to read
         self._held: list | None = None   # items waiting for a suspended one to complete
         self._yielded = False            # ... or only for a later turn (budget, or the worker's hold)
-        self._continuing = False         # ... the very next turn (budget): the replies so far wait for it
         self.started = time.time()
         self.last_activity = self.started   # the last read from the client or write to it (/connz sort=last)
         self.reason = ""   # why it was closed, when the broker knows better than the transport (debug log)
@@ -223,7 +222,6 @@ class Connection(asyncio.Protocol):
                     if hub.holding:
                         self.hold()
                     else:
-                        self._continuing = True
                         hub.loop.call_soon(self.resume_held)
                 return
 
@@ -237,11 +235,6 @@ class Connection(asyncio.Protocol):
 
     def resume_held(self) -> None:
         self._yielded = False
-        if self._continuing:
-            self._continuing = False
-            if self.out and not self.dirty:   # the replies the turns before left for this one (end_turn)
-                self.dirty = True
-                self.hub.mark_dirty(self)
         if self.closed or self.hub.stopping:
             # Stopping: what was read but not yet processed was never acknowledged, and processing it now would
             # send messages after this worker told the others it sends nothing more.
@@ -287,18 +280,6 @@ class Connection(asyncio.Protocol):
         if not self.closed:
             self.msgs_out += n - 1
             self.deliver(data, size)
-
-    def end_turn(self) -> None:
-        """The hub's end of a turn: the output goes, unless the rest of the read goes on in the next turn.  Then
-        it waits for that turn's replies (``resume_held`` marks it dirty again), so a read of a thousand
-        pipelined requests that takes several turns is answered with one write, not one per turn.  A write to a
-        TCP socket costs about the same whatever its size (on loopback the sender runs the receiver's side too):
-        the writes this saves were ~17 µs of CPU a turn, 0.13 µs of a single push's 0.86.  ``flush_at`` still
-        bounds what waits, and nothing waits past the read."""
-        if self._continuing:
-            self.dirty = False
-        else:
-            self.flush()
 
     def flush(self) -> None:
         self.dirty = False

@@ -750,7 +750,7 @@ class Hub:
             self.fabric.flush()
         dirty, self._dirty = self._dirty, []
         for conn in dirty:
-            conn.end_turn()
+            conn.flush()
 
     def _journal_failed(self, exc: OSError) -> None:
         """The queue journal could not be written (a full disk, an I/O error).  The replies to what it holds wait
