@@ -23,7 +23,7 @@ from workers.message import KIND_JSON, as_json
 from workers.speedups import qpush_batch, unplain
 
 from . import core
-from .service import PUSH_WORK as _PUSH_WORK, allowed
+from .service import PUSH_WORK, allowed
 from .shard import MAX_BATCH
 
 if TYPE_CHECKING:
@@ -147,7 +147,7 @@ def _op(op: str) -> Callable[["NdjsonSession", dict, bytes], None]:
             if items is None:
                 args["data"] = codec.encode_data(line, req.get("data"))
                 args["kind"] = KIND_JSON
-                hub.turn_work += _PUSH_WORK
+                hub.turn_work += PUSH_WORK
             else:
                 # The canonical form (nothing but JSON data in each item) travels as the data's text, as written.
                 datas = qpush_batch(line) if req.keys() <= _CANONICAL_BATCH else None
@@ -159,7 +159,7 @@ def _op(op: str) -> Callable[["NdjsonSession", dict, bytes], None]:
                         session.send(datas)
                         return
                     args["messages"] = datas
-                hub.turn_work += _PUSH_WORK * len(datas)
+                hub.turn_work += PUSH_WORK * len(datas)
             if items is None and session.pending_replies < MAX_PIPELINED:
                 group = session.push_group
                 if group is not None and (group.queue != queue or len(group.pushes) >= MAX_BATCH):
@@ -206,7 +206,7 @@ def push_run(session: "NdjsonSession", run: tuple) -> None:
         Connection._run(session, lines)
         return
     hub = session.hub
-    room = max(1, min(len(datas), (TURN_BUDGET - hub.turn_work) // _PUSH_WORK, MAX_BATCH,
+    room = max(1, min(len(datas), (TURN_BUDGET - hub.turn_work) // PUSH_WORK, MAX_BATCH,
                       MAX_PIPELINED - 1 - session.pending_replies))
     try:
         for data in unplain(datas[:room]):   # a string of plain characters is JSON as it stands: not parsed
@@ -221,7 +221,7 @@ def push_run(session: "NdjsonSession", run: tuple) -> None:
     if dedups is not None:   # each its own dedup_id: a push's args, with the run's priority and delay
         fields = _options(options)
         datas = [{"data": data, "kind": KIND_JSON, "dedup_id": dedup, **fields} for data, dedup in zip(datas, dedups)]
-    hub.turn_work += _PUSH_WORK * room
+    hub.turn_work += PUSH_WORK * room
     group = session.push_group
     if group is not None and (group.queue != queue or group.options != options
                               or len(group.pushes) + room > MAX_BATCH):
