@@ -113,28 +113,39 @@ class Route:
     def __init__(self, subject: str, ndjson: tuple, nats: tuple, others: tuple, remote: tuple[int, ...],
                  queued: bool, owner: int) -> None:
         self.subject = subject
-        self.subject_b = subject.encode()
-        self.msg_head = b"MSG " + self.subject_b + b" "
+        self.subject_b = subject_b = subject.encode()
+        self.msg_head = head = b"MSG " + subject_b + b" "
         self.ndjson = ndjson          # NDJSON connections, one entry per connection however many patterns match
         self.nats = nats              # NATS subscriptions (plain): one delivery per matching subscription
         self.others = others          # other protocols' connections (Bridge)
-        self.local = bool(ndjson or nats or others)
-        self.fanout = len(ndjson) + len(nats) + len(others)
+        self.fanout = fanout = len(ndjson) + len(nats) + len(others)
+        self.local = fanout > 0
         # Batching (Hub._batch_add) needs the common NATS case: no UNSUB limits (counted per message), and one
         # subscription per connection (batching two of one connection would reorder them relative to each other).
-        # Then the NATS subscribers are precomputed as (connection, subscription, "MSG <subject> <sid>").
-        # (Lists made and read, not generators: a route is made for every new subject, a reply's inbox included.)
-        nats_conns = frozenset([sub.conn for sub in nats])
-        batchable = len(nats_conns) == len(nats) and not any([sub.max_msgs for sub in nats])
-        self.nats_plain = tuple([(sub.conn, sub, self.msg_head + sub.sid) for sub in nats]) if batchable else ()
-        self.members = (frozenset(ndjson) | nats_conns) if batchable else None   # who a batch holds messages for
+        # Then the NATS subscribers are precomputed as (connection, subscription, "MSG <subject> <sid>"), and
+        # ``members`` is who a batch holds messages for.  (One loop, no comprehensions or generators: a route is
+        # made for every new subject, a reply's inbox included, and this is most of what making one costs.)
+        plain = []
+        members = set(ndjson)
+        for sub in nats:
+            conn = sub.conn
+            if sub.max_msgs or conn in members:
+                self.nats_plain = ()
+                self.members = None
+                break
+            members.add(conn)
+            plain.append((conn, sub, head + sub.sid))
+        else:
+            self.nats_plain = tuple(plain)
+            self.members = members
         # The open batch: NDJSON delivery lines; NATS tails (" <size>\r\n<payload>\r\n") after an empty first
         # item, so that joining them with a subscriber's "MSG <subject> <sid>" puts it before every tail.
         self.lines: list[bytes] = []
         self.tails: list[bytes] = [b""]
-        self.batched = 0
-        self.batched_bytes = 0
-        self.batched_payload = 0      # payload bytes of the open batch (what the out_bytes counters count)
+        # The open batch's messages, bytes and payload bytes (what the out_bytes counters count); the messages and
+        # bytes published here in this turn (folded into Hub._counts at its end); the generation of the tries it
+        # was matched against (Hub.route_for).
+        self.batched = self.batched_bytes = self.batched_payload = self.msgs = self.bytes = self.generation = 0
         self.remote = remote          # workers with a matching plain subscriber
         self.queued = queued          # some queue group of the cluster matches: the owner dispatches
         self.groups = None            # the owner's queue groups for this subject, built when first needed
@@ -142,9 +153,6 @@ class Route:
         self.prefix = ndjson_codec.delivery_prefix(subject) if ndjson else b""   # for NDJSON deliveries alone
         # NATS may publish to "foo.*" as a literal; NDJSON may not
         self.wild = ("*" in subject or ">" in subject) and not is_literal(subject)
-        self.msgs = 0                 # published here in this turn (folded into Hub._counts at its end)
-        self.bytes = 0
-        self.generation = 0           # of the tries it was matched against (Hub.route_for)
 
 
 class Hub:
