@@ -12,8 +12,9 @@ import re
 PWC = "*"
 FWC = ">"
 
-# The whitespace nats-server rejects inside a token (sublist.go); other characters are allowed.
-_WHITESPACE = re.compile(r"[ \t\r\n\f]")
+# Non-empty tokens without the whitespace nats-server rejects inside a token (sublist.go); other characters are
+# allowed.  One pass of the regex engine: subjects are checked on hot paths (a NATS queue request's reply inbox).
+_SHAPE = re.compile(r"[^ \t\r\n\f.]+(?:\.[^ \t\r\n\f.]+)*")
 
 
 def tokens(subject: str) -> list[str]:
@@ -22,21 +23,17 @@ def tokens(subject: str) -> list[str]:
 
 def is_valid_pattern(subject: str, max_length: int) -> bool:
     """A subscription pattern: wildcards allowed."""
-    if not subject or len(subject) > max_length or _WHITESPACE.search(subject):
-        return False
-    toks = subject.split(".")
-    if "" in toks:
+    if not subject or len(subject) > max_length or _SHAPE.fullmatch(subject) is None:
         return False
     # '>' is only meaningful as the final token.
-    return FWC not in toks[:-1]
+    return FWC not in subject or FWC not in subject.split(".")[:-1]
 
 
 def is_valid_literal(subject: str, max_length: int) -> bool:
     """A subject a message can be published to: a valid pattern without wildcard tokens."""
-    if not is_valid_pattern(subject, max_length):
+    if not subject or len(subject) > max_length or _SHAPE.fullmatch(subject) is None:
         return False
-    toks = subject.split(".")
-    return PWC not in toks and FWC not in toks
+    return (PWC not in subject and FWC not in subject) or is_literal(subject)
 
 
 def is_literal(subject: str) -> bool:
