@@ -2,6 +2,7 @@
 ``Msg`` methods (ack, nak, in_progress, term) on the messages a receive delivers."""
 
 import asyncio
+import base64
 import json
 import re
 import socket
@@ -224,6 +225,23 @@ def test_pipelined_pushes_are_each_answered_on_their_own_subject(start_broker, w
         return order
 
     assert asyncio.run(drain()) == [b"m1", b"m0", b"m3", b"m5", b"m7"]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_pipelined_pushes_without_headers_keep_their_data_raw(start_broker, workers):
+    """Pushes with nothing but their data travel to the owner together as the data's bytes, with their kind once
+    (nats_ops._pushes): a NATS payload is raw bytes, never taken for JSON, whoever receives it."""
+    broker = start_broker(workers=workers)
+    payloads = [b"42", b"plain text", b"\xff\x00bytes", b'{"a":1}']
+    with nats_ready(broker.ports["nats"], b"SUB _INBOX.k.* 1\r\n", timeout=10) as s:
+        s.sendall(b"".join(b"PUB $Q.PUSH.nq.kinds _INBOX.k.%d %d\r\n%s\r\n" % (i, len(p), p)
+                           for i, p in enumerate(payloads)))
+        assert all(json.loads(v[1])["ok"] for v in NatsFrames(s).by_token(len(payloads)).values())
+    conn = on_worker(broker.ports["ndjson"], 0)
+    got = conn.request({"op": "qrecv", "queue": "nq.kinds", "max": 10})["messages"]
+    conn.close()
+    assert [m["data"] for m in got] == ["42", "plain text", base64.b64encode(b"\xff\x00bytes").decode(), '{"a":1}']
+    assert [m.get("encoding") for m in got] == [None, None, "base64", None]
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -140,10 +140,18 @@ def handle(session: "NatsSession", subject_b: bytes, reply_b: bytes | None, head
                                       lambda result: _answer(session, reply, op, result, args))
 
 
+def _pushes(queue: str, each: list[dict]) -> tuple[str, dict]:
+    """Pushes gathered: as their data's bytes, with their kind once, when none has more than its data (no header
+    set a priority, a delay or a ``Nats-Msg-Id``), as NDJSON's canonical pushes travel; else each push's args."""
+    if all([len(args) == 2 for args in each]):   # data and kind alone
+        return "pushes", {"queue": queue, "pushes": [args["data"] for args in each], "kind": KIND_RAW}
+    return "pushes", {"queue": queue, "pushes": each}
+
+
 # Requests a connection sends many of in a row, gathered while a read is processed: op -> how the owner takes a
 # group of them (one request), from the args of each.
 _GATHERED = {
-    "push": lambda queue, each: ("pushes", {"queue": queue, "pushes": each}),
+    "push": _pushes,
     "ack": lambda queue, each: ("ack", {"queue": queue, "receipts": [args["receipt"] for args in each]}),
 }
 

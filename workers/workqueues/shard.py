@@ -42,7 +42,8 @@ Reply = Callable[[dict], None]
 MAX_BATCH = 1000            # messages a receive leases, receipts an ack takes, messages a push stores, at most
 MAX_WAIT_MS = 300_000
 MAX_DEDUP_ID = 128          # characters of a push's dedup_id (SQS's MessageDeduplicationId)
-_RUN_OPTIONS = ("priority", "delay_ms")   # a ``pushes`` request's: those of its pushes that are data's bytes alone
+# A ``pushes`` request's options for those of its pushes that are data's bytes alone (kind: JSON unless it says)
+_RUN_OPTIONS = ("priority", "delay_ms", "kind")
 # Long polls waiting at once: a waiter costs a few hundred bytes, but a client must not be able to add them
 # without end (a NATS connection can send any number of receives).
 MAX_WAITERS_PER_CONNECTION = 1000
@@ -107,7 +108,8 @@ def _run_push(item: dict | bytes, options: dict) -> tuple | None:
     """One of a ``pushes`` request's pushes as (data, kind, priority, delay_ms, dedup_id), the data's bytes alone
     taking the request's ``options``; None: it has fields that a run of pushes stored together does not take."""
     if type(item) is bytes:
-        return item, KIND_JSON, options.get("priority", DEFAULT_PRIORITY), options.get("delay_ms", 0), None
+        return (item, options.get("kind", KIND_JSON), options.get("priority", DEFAULT_PRIORITY),
+                options.get("delay_ms", 0), None)
     if len(item) > 2 + ("priority" in item) + ("delay_ms" in item) + ("dedup_id" in item):
         return None
     return (item.get("data"), item.get("kind"), item.get("priority", DEFAULT_PRIORITY), item.get("delay_ms", 0),
@@ -508,7 +510,7 @@ class Shard:
     def _push_one(self, q: Queue, args: dict | bytes, token: tuple | str | None, clock: tuple[int, int] | None = None,
                   options: dict | None = None) -> dict:
         """One push; ``clock``: (monotonic, wall) ns, read once for the pushes that arrived together."""
-        if type(args) is bytes:   # a push of JSON data and ``options`` (``pushes``)
+        if type(args) is bytes:   # a push of data and ``options`` (``pushes``): JSON unless they say
             args = {"data": args, "kind": KIND_JSON, **(options or {})}
         if token is not None:
             stored = q.tokens.get(token)
@@ -529,10 +531,10 @@ class Shard:
 
     def _pushes(self, args: dict, holder: tuple, reply: Reply) -> dict:
         """Single pushes to one queue that arrived together (``pushes``: a list of push args without ``queue``, or
-        the bytes of a push of JSON data with the request's ``priority`` and ``delay_ms``, if any:
-        ndjson_ops.push_run), each stored or refused on its own, as if sent one by one (unlike a batch push's all
-        or nothing); one call and, from another worker, one request instead of one each.  -> ``{"ok": true,
-        "results": [...]}``, or ``{"ok": true, "ids": [...]}`` when every one was stored."""
+        the bytes of a push's data with the request's ``priority``, ``delay_ms`` and ``kind``, if any: JSON from
+        ndjson_ops.push_run, raw from nats_ops), each stored or refused on its own, as if sent one by one (unlike
+        a batch push's all or nothing); one call and, from another worker, one request instead of one each.
+        -> ``{"ok": true, "results": [...]}``, or ``{"ok": true, "ids": [...]}`` when every one was stored."""
         q = self._pushed_to(args)
         token = self._token(args)
         clock = (time.monotonic_ns(), time.time_ns())
@@ -558,7 +560,7 @@ class Shard:
 
     def _push_run(self, q: Queue, items: list[dict | bytes], clock: tuple[int, int], options: dict) -> dict | None:
         """Single pushes from this worker with one kind, priority and delay (args with data, kind and at most
-        those and a ``dedup_id``; or JSON data's bytes, with ``options``' priority and delay) that all fit now:
+        those and a ``dedup_id``; or data's bytes, with ``options``' kind, priority and delay) that all fit now:
         stored together, as one record (with each push's ``dedup_id``, if any), which is what pushing them one by
         one would have come to (each stored, in order), for less work per push.  None: not such a run (a push with
         other fields, pushes of different kinds, priorities or delays, one too large, a queue too full for all of
@@ -566,7 +568,7 @@ class Shard:
         path to decide each on its own.  Pushes from another worker carry tokens, one per push under the
         request's: they go one by one."""
         s = q.settings
-        datas, kind, tokens = items, KIND_JSON, None
+        datas, kind, tokens = items, options.get("kind", KIND_JSON), None
         priority, delay = options.get("priority", DEFAULT_PRIORITY), options.get("delay_ms", 0)
         sizes = [len(item) for item in items if type(item) is bytes]
         if len(sizes) != len(items):   # not all of them JSON data's bytes alone (the common case, checked at once)
