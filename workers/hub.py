@@ -376,6 +376,9 @@ class Hub:
             if len(seen) >= _SEEN_MAX:
                 self._seen = seen = set()
             seen.add(subject)
+            # Used once, most likely (a request's reply inbox): its message goes straight to the subscribers, as
+            # batching one message would only cost more.
+            route.members = None
             return route
         if len(self.routes) >= _ROUTE_CACHE_MAX:
             self.routes = {}
