@@ -111,7 +111,7 @@ class Route:
                  "tails", "batched", "batched_bytes", "batched_payload", "generation")
 
     def __init__(self, subject: str, ndjson: tuple, nats: tuple, others: tuple, remote: tuple[int, ...],
-                 queued: bool, owner: int) -> None:
+                 queued: bool, owner: int, batching: bool = True) -> None:
         self.subject = subject
         self.subject_b = subject_b = subject.encode()
         self.msg_head = head = b"MSG " + subject_b + b" "
@@ -120,24 +120,26 @@ class Route:
         self.others = others          # other protocols' connections (Bridge)
         self.fanout = fanout = len(ndjson) + len(nats) + len(others)
         self.local = fanout > 0
-        # Batching (Hub._batch_add) needs the common NATS case: no UNSUB limits (counted per message), and one
-        # subscription per connection (batching two of one connection would reorder them relative to each other).
-        # Then the NATS subscribers are precomputed as (connection, subscription, "MSG <subject> <sid>"), and
-        # ``members`` is who a batch holds messages for.  (One loop, no comprehensions or generators: a route is
+        # Batching (Hub._batch_add), where the caller wants it, needs the common NATS case: no UNSUB limits
+        # (counted per message), and one subscription per connection (batching two of one connection would
+        # reorder them relative to each other).  Then the NATS subscribers are precomputed as (connection,
+        # subscription, "MSG <subject> <sid>"), and ``members`` is who a batch holds messages for; None: no
+        # batching, each message delivered as it comes.  (One loop, no comprehensions or generators: a route is
         # made for every new subject, a reply's inbox included, and this is most of what making one costs.)
-        plain = []
-        members = set(ndjson)
-        for sub in nats:
-            conn = sub.conn
-            if sub.max_msgs or conn in members:
-                self.nats_plain = ()
-                self.members = None
-                break
-            members.add(conn)
-            plain.append((conn, sub, head + sub.sid))
-        else:
-            self.nats_plain = tuple(plain)
-            self.members = members
+        self.nats_plain = ()
+        self.members = None
+        if batching:
+            plain = []
+            members = set(ndjson)
+            for sub in nats:
+                conn = sub.conn
+                if sub.max_msgs or conn in members:
+                    break
+                members.add(conn)
+                plain.append((conn, sub, head + sub.sid))
+            else:
+                self.nats_plain = tuple(plain)
+                self.members = members
         # The open batch: NDJSON delivery lines; NATS tails (" <size>\r\n<payload>\r\n") after an empty first
         # item, so that joining them with a subscriber's "MSG <subject> <sid>" puts it before every tail.
         self.lines: list[bytes] = []
@@ -368,17 +370,17 @@ class Hub:
                 others[conn] = None
         workers = self.remote.match(subject)
         remote = tuple(sorted(set(workers))) if workers else ()
-        route = Route(subject, tuple(ndjson), tuple(nats), tuple(others), remote, self.queues.matches(subject),
-                      shardmap.owner(subject, self.workers))
-        route.generation = self.generation
+        # A subject routed for the first time is used once, most likely (a request's reply inbox): its route is
+        # neither cached nor batched (its message goes straight to the subscribers: a batch of one only costs).
         seen = self._seen
-        if subject not in seen:
+        first = subject not in seen
+        route = Route(subject, tuple(ndjson), tuple(nats), tuple(others), remote, self.queues.matches(subject),
+                      shardmap.owner(subject, self.workers), batching=not first)
+        route.generation = self.generation
+        if first:
             if len(seen) >= _SEEN_MAX:
                 self._seen = seen = set()
             seen.add(subject)
-            # Used once, most likely (a request's reply inbox): its message goes straight to the subscribers, as
-            # batching one message would only cost more.
-            route.members = None
             return route
         if len(self.routes) >= _ROUTE_CACHE_MAX:
             self.routes = {}
