@@ -31,9 +31,8 @@ def is_valid_pattern(subject: str, max_length: int) -> bool:
 
 def is_valid_literal(subject: str, max_length: int) -> bool:
     """A subject a message can be published to: a valid pattern without wildcard tokens."""
-    if not subject or len(subject) > max_length or _SHAPE.fullmatch(subject) is None:
-        return False
-    return (PWC not in subject and FWC not in subject) or is_literal(subject)
+    return is_valid_pattern(subject, max_length) and ((PWC not in subject and FWC not in subject)
+                                                      or is_literal(subject))
 
 
 def is_literal(subject: str) -> bool:
