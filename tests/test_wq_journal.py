@@ -804,10 +804,53 @@ def test_a_snapshot_rebuilds_the_queue_as_it_was_when_taken(tmp_path, monkeypatc
     asyncio.run(run())
 
 
+def test_a_compaction_step_waits_for_the_end_of_a_turn(tmp_path, monkeypatch):
+    """A rewrite's batches are written at the end of a turn (``Shard.turn_done``, which the hub calls once the
+    turn's replies are out), one a turn: never by the turn's commit, which comes before the replies, nor by the
+    event loop on its own, where it would run ahead of the next turn's replies."""
+    import asyncio
+    import time
+
+    from workers.workqueues import model
+    from workers.workqueues.shard import Shard
+
+    monkeypatch.setattr(model, "SNAPSHOT_RUN", 10)
+
+    async def run():
+        flushes = []
+        shard = Shard(0, Settings(), Journal(str(tmp_path / "q.journal")), lambda: flushes.append(1), 256)
+        q = shard.queue("jobs")
+        now, wall = time.monotonic_ns(), time.time_ns()
+        q.push_data(0, [b"m%d" % i for i in range(50)], 4, 0, now, wall)
+        shard.journal.commit()
+        shard._start_rewrite()
+        assert flushes, "a rewrite asks for a turn, so that it goes on with no client asking anything"
+        rewrite = shard.journal._rewriting.fd
+        sizes = []
+        for _ in range(3):
+            for _ in range(3):   # commits, and turns of the loop that end no turn of the hub's
+                shard.commit()
+                await asyncio.sleep(0)
+                sizes.append(os.fstat(rewrite).st_size)
+            shard.turn_done()
+            sizes.append(os.fstat(rewrite).st_size)
+        assert sizes[0] == sizes[1] == sizes[2] == 0, sizes
+        assert 0 < sizes[3] == sizes[4] == sizes[5] == sizes[6] < sizes[7], sizes   # a batch a turn's end
+        assert sizes[7] == sizes[8] == sizes[9] == sizes[10] < sizes[11], sizes
+        while shard.journal.rewriting:
+            shard.commit()
+            shard.turn_done()
+            await asyncio.sleep(0.01)   # the durable journal's flush runs in a thread
+        assert shard.compactions == 1
+
+    asyncio.run(run())
+
+
 def test_the_shard_compacts_a_batch_per_turn_and_keeps_the_journal_when_that_fails(tmp_path, monkeypatch, caplog):
-    """``Shard._start_rewrite``: a step per turn of the event loop while the shard serves, the rewrite put in place
-    by the commit of the turn that finds it written (and synced, in a thread); a step or a sync that fails leaves
-    the journal as it was, is logged, and the next compaction waits (``tick``)."""
+    """``Shard._start_rewrite``: a step per turn of the event loop while the shard serves, each at the turn's end
+    (``turn_done``, once its replies are out), the rewrite put in place by the end of the turn that finds it
+    written (and synced, in a thread); a step or a sync that fails leaves the journal as it was, is logged, and the
+    next compaction waits (``tick``)."""
     import asyncio
     import time
 
@@ -819,7 +862,11 @@ def test_the_shard_compacts_a_batch_per_turn_and_keeps_the_journal_when_that_fai
 
     async def run():
         loop = asyncio.get_running_loop()
-        shard = Shard(0, Settings(), Journal(path), lambda: loop.call_soon(shard.commit), 256)
+        def turn():   # what the hub's flush does: commit, the replies (none here), then the turn's end
+            shard.commit()
+            shard.turn_done()
+
+        shard = Shard(0, Settings(), Journal(path), lambda: loop.call_soon(turn), 256)
         shard.replay()
         q = shard.queue("jobs")
         now, wall = time.monotonic_ns(), time.time_ns()
@@ -832,7 +879,7 @@ def test_the_shard_compacts_a_batch_per_turn_and_keeps_the_journal_when_that_fai
         deadline = time.monotonic() + 10
         while shard.journal.rewriting:                              # then synced in a thread (a durable journal)
             q.push_data(0, [b"n%d" % turns], 4, 0, now, wall)      # a turn's push, journaled at its commit
-            shard.commit()
+            turn()
             turns += 1
             assert time.monotonic() < deadline
             await asyncio.sleep(0)

@@ -764,6 +764,8 @@ class Hub:
         dirty, self._dirty = self._dirty, []
         for conn in dirty:
             conn.flush()
+        if self.queue_service is not None:
+            self.queue_service.turn_done()   # background work of the queues, now that the replies are out
 
     def _journal_failed(self, exc: OSError) -> None:
         """The queue journal could not be written (a full disk, an I/O error).  The replies to what it holds wait

@@ -49,7 +49,8 @@ stops the owner's event loop for as long as the writing takes, so while the brok
 at a time between the owner's other work:
 ``start_rewrite`` is given the state as it was at a commit (the queues hand over their messages, tuples that never
 change, and copies of what does: ``model.Queue.snapshot``) and opens ``<path>.rewrite-<pid>``; each ``rewrite_step``
-writes one batch while the owner goes on appending to the journal (then the file is flushed in another thread:
+writes one batch (the shard takes one step at the end of each turn, once its replies are out: ``Shard.turn_done``)
+while the owner goes on appending to the journal (then the file is flushed in another thread:
 ``rewrite_flush``); ``finish_rewrite`` appends to that file what the journal gained since the start (whole records:
 it started at a commit) and renames it over the journal.  Replaying it is replaying the old one: the same state at
 the start, then the same records.  A rewrite that fails (a full disk) leaves the journal as it was, and so does a

@@ -188,6 +188,9 @@ class QueueService:
     def commit(self) -> None:
         self.shard.commit()
 
+    def turn_done(self) -> None:
+        self.shard.turn_done()
+
     def tick(self) -> None:
         self.shard.tick()
 
