@@ -479,36 +479,87 @@ def test_fsync_no(tmp_path, syncs):
 
 
 def test_fsync_everysec(tmp_path, syncs):
+    """At most one fsync a second, from a commit or from the owner's tick, each in the journal's thread
+    (``_Syncer``): ``synced`` waits for it before counting."""
     calls, clock = syncs
     j = Journal(str(tmp_path / "j"), fsync="everysec")
+
+    def synced() -> int:
+        j._syncer.wait()
+        return len(calls)
+
     j.append(*RECORDS[0])
     j.commit()
-    assert len(calls) == 1             # the first commit syncs
+    assert synced() == 1               # the first commit syncs
     for _ in range(5):                  # within the second: none
         clock[0] += 0.1
         j.append(*RECORDS[1])
         j.commit()
-    assert len(calls) == 1
+    assert synced() == 1
     clock[0] += 0.5                     # 1.0 s after the last fsync: this commit syncs
     j.append(*RECORDS[2])
     j.commit()
-    assert len(calls) == 2
+    assert synced() == 2
     j.tick()                            # nothing written since
-    assert len(calls) == 2
+    assert synced() == 2
     clock[0] += 0.2
     j.append(*RECORDS[3])
     j.commit()
-    assert len(calls) == 2
+    assert synced() == 2
     j.tick()                            # the owner's once-a-second timer syncs the rest
-    assert len(calls) == 3
+    assert synced() == 3
     j.tick()
-    assert len(calls) == 3
+    assert synced() == 3
     clock[0] += 0.3
     j.append(*RECORDS[4])
     j.commit()                          # 0.3 s after tick's fsync: not yet
-    assert len(calls) == 3
+    assert synced() == 3
     j.close()                           # close syncs what is unsynced
     assert len(calls) == 4
+
+
+def test_an_everysec_fsync_holds_up_no_commit_and_its_failure_is_raised_by_the_next(tmp_path, monkeypatch):
+    """A sync under way (a slow disk) lets commits go on, writing and returning, and no second sync starts until it
+    is done; a sync that fails is raised by the next commit (after that commit's records are written, as a failing
+    sync of its own would), and the one after that syncs again."""
+    import threading
+
+    clock = [1000.0]
+    monkeypatch.setattr(jmod, "_monotonic", lambda: clock[0])
+    release = threading.Event()
+    started = []
+    outcome = [None]
+
+    def slow_sync(fd):
+        started.append(fd)
+        assert release.wait(10)
+        if outcome[0] is not None:
+            raise outcome[0]
+
+    monkeypatch.setattr(jmod, "_sync", slow_sync)
+    path = tmp_path / "j"
+    j = Journal(str(path), fsync="everysec")
+    j.append(*RECORDS[0])
+    j.commit()                          # starts the first sync, which hangs
+    for i in (1, 2, 3):
+        clock[0] += 1.0                 # due again, but one is under way
+        j.append(*RECORDS[i])
+        j.commit()
+        j.tick()
+    assert replay(path) == RECORDS[:4] and len(started) == 1
+    outcome[0] = OSError(errno.EIO, "Input/output error")
+    release.set()
+    j._syncer.wait()
+    j.append(*RECORDS[4])
+    with pytest.raises(OSError, match="Input/output"):
+        j.commit()                      # the failed sync's error, this commit's record written all the same
+    assert not j.dirty and replay(path) == RECORDS[:5]
+    outcome[0] = None
+    clock[0] += 1.0
+    j.tick()                            # and the next sync goes ahead
+    j._syncer.wait()
+    assert len(started) == 2
+    j.close()
 
 
 def test_close_commits_and_is_idempotent(tmp_path):

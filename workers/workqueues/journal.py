@@ -18,9 +18,10 @@ that turn's replies are sent, and ``commit`` encodes everything buffered and wri
 a reply is only ever sent for a change already in the file (in the kernel's page cache: it survives the process,
 whatever kills it).  A record that cannot be encoded (a bug: the queues make none) is logged and left out, and
 the rest of the turn is written.  Surviving a crash of the machine is the ``fsync`` policy: ``"no"`` leaves it to
-the kernel, ``"everysec"`` fsyncs at most once a second (from ``commit``, or from ``tick`` which the owner calls
-every second; at most about a second of acknowledged changes is lost with the machine), ``"always"`` fsyncs in
-every commit.  A commit that fails (ENOSPC, EFBIG, EIO) cuts the file back to where it was and keeps its records
+the kernel, ``"everysec"`` fsyncs at most once a second, in a thread (started from ``commit``, or from ``tick``
+which the owner calls every second; what is lost with the machine is at most about a second of acknowledged
+changes, plus those of a sync still under way; a sync that fails is raised by the next ``commit`` or ``tick``:
+``_Syncer``), ``"always"`` fsyncs in every commit, before its replies.  A commit that fails (ENOSPC, EFBIG, EIO) cuts the file back to where it was and keeps its records
 buffered, so the file always ends on a record boundary and the next commit retries them; ``failed`` then holds that
 commit's own records (as appended), and the owner may take some of them back (``take_back``: the shard rolls back the
 pushes and leases among them and refuses their requests, ``shard.Shard._write_failed``).  A cut that fails too is
@@ -69,6 +70,7 @@ import glob
 import logging
 import marshal
 import os
+import queue
 import struct
 import threading
 import time
@@ -131,6 +133,7 @@ class Journal:
         self._failed_chunk: bytes | None = None               # ... as encoded, the last item of _buf
         self._synced_at = float("-inf")   # monotonic s of the last fsync: the first everysec commit syncs
         self._unsynced = False            # written since the last fsync (everysec)
+        self._syncer = _Syncer() if fsync == "everysec" and path is not None else None
         if path is not None:
             self._fd = os.open(path, _OPEN_FLAGS, 0o600)
             for stale in glob.glob(glob.escape(path) + ".rewrite-*"):   # an earlier worker's, never finished
@@ -207,13 +210,8 @@ class Journal:
         if mode == "always":
             _sync(fd)
         elif mode == "everysec":
-            now = _monotonic()
-            if now - self._synced_at >= 1.0:
-                _sync(fd)
-                self._synced_at = now
-                self._unsynced = False
-            else:
-                self._unsynced = True
+            self._unsynced = True
+            self._sync_in_background(fd, _monotonic() - self._synced_at >= 1.0)
 
     def take_back(self, keep: list[tuple[str, tuple]]) -> None:
         """After a failed ``commit``: of its own records (``failed``), only ``keep`` (in order) stay buffered for the
@@ -231,8 +229,18 @@ class Journal:
 
     def tick(self) -> None:
         """Once a second (the owner's timer): fsync what was written since the last fsync (``everysec``)."""
-        if self._unsynced and self._fd is not None:
-            _sync(self._fd)
+        if self._syncer is not None and self._fd is not None:
+            self._sync_in_background(self._fd, self._unsynced)
+
+    def _sync_in_background(self, fd: int, due: bool) -> None:
+        """``everysec``: raise what the last fsync failed with; start another if ``due`` and none is under way."""
+        syncer = self._syncer
+        assert syncer is not None
+        error, syncer.error = syncer.error, None
+        if error is not None:
+            self._unsynced = True
+            raise error
+        if due and syncer.start(fd):
             self._synced_at = _monotonic()
             self._unsynced = False
 
@@ -468,14 +476,67 @@ class Journal:
         if fd is None:
             return
         self.abort_rewrite()
+        syncer = self._syncer
         try:
             self.commit()
+            if syncer is not None:
+                syncer.stop()
+                if syncer.error is not None:   # that one failed: this one says whether the disk took it now
+                    self._unsynced = True
             if self._unsynced:
                 _sync(fd)
         finally:
             self._fd = None
             self._unsynced = False
             os.close(fd)
+
+
+class _Syncer:
+    """``everysec``'s fsync, in a thread of its own.  An ``fdatasync`` of a busy journal takes tens of milliseconds
+    (~30 ms on this machine's ext4 with a producer pushing as fast as it can), and the event loop that waited for
+    it stood still that long once a second, every reply of every connection of the worker with it.  One sync at a
+    time, of a duplicate of the descriptor (the journal may replace its file meanwhile); a failure is kept for the
+    owner to raise at its next commit or tick, as it would have raised the sync's own."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._thread: threading.Thread | None = None
+        self.error: OSError | None = None
+
+    def start(self, fd: int) -> bool:
+        """Sync the file open as ``fd``; False if the last sync is still under way (the next one covers this)."""
+        if not self._idle.is_set():
+            return False
+        job = os.dup(fd)
+        self._idle.clear()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="journal-fsync", daemon=True)
+            self._thread.start()
+        self._jobs.put(job)
+        return True
+
+    def wait(self) -> None:
+        """Until the sync under way, if one is, is done."""
+        self._idle.wait()
+
+    def stop(self) -> None:
+        """Wait for the sync under way, then end the thread."""
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join()
+            self._thread = None
+
+    def _work(self) -> None:
+        while (fd := self._jobs.get()) is not None:
+            try:
+                _sync(fd)
+            except OSError as exc:
+                self.error = exc
+            finally:
+                os.close(fd)
+                self._idle.set()
 
 
 class _Rewrite:
