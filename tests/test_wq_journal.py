@@ -523,6 +523,7 @@ def test_an_everysec_fsync_holds_up_no_commit_and_its_failure_is_raised_by_the_n
     is done; a sync that fails is raised by the next commit (after that commit's records are written, as a failing
     sync of its own would), and the one after that syncs again."""
     import threading
+    import time
 
     clock = [1000.0]
     monkeypatch.setattr(jmod, "_monotonic", lambda: clock[0])
@@ -541,6 +542,10 @@ def test_an_everysec_fsync_holds_up_no_commit_and_its_failure_is_raised_by_the_n
     j = Journal(str(path), fsync="everysec")
     j.append(*RECORDS[0])
     j.commit()                          # starts the first sync, which hangs
+    deadline = time.monotonic() + 10
+    while not started:                  # (once its thread is running)
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
     for i in (1, 2, 3):
         clock[0] += 1.0                 # due again, but one is under way
         j.append(*RECORDS[i])
@@ -913,7 +918,10 @@ def test_the_shard_compacts_a_batch_per_turn_and_keeps_the_journal_when_that_fai
 
     async def run():
         loop = asyncio.get_running_loop()
+        turns = [0]
+
         def turn():   # what the hub's flush does: commit, the replies (none here), then the turn's end
+            turns[0] += 1
             shard.commit()
             shard.turn_done()
 
@@ -926,15 +934,15 @@ def test_the_shard_compacts_a_batch_per_turn_and_keeps_the_journal_when_that_fai
         shard.journal.commit()
         live = _state(q, counters=False)
         shard._start_rewrite()
-        turns = 0
         deadline = time.monotonic() + 10
+        pushed = 0
         while shard.journal.rewriting:                              # then synced in a thread (a durable journal)
-            q.push_data(0, [b"n%d" % turns], 4, 0, now, wall)      # a turn's push, journaled at its commit
-            turn()
-            turns += 1
+            q.push_data(0, [b"n%d" % pushed], 4, 0, now, wall)     # a turn's push, journaled at its commit
+            pushed += 1
+            turn()   # (and the turns the shard asks for, which the loop runs meanwhile)
             assert time.monotonic() < deadline
             await asyncio.sleep(0)
-        assert shard.compactions == 1 and turns >= 5               # 40 live messages, 10 a batch, then the end
+        assert shard.compactions == 1 and turns[0] >= 5            # 40 live messages, 10 a batch, then the end
         fresh = Shard(0, Settings(), Journal(path), lambda: None, 256)
         fresh.replay()
         assert _state(fresh.queue("jobs"), counters=False) == _state(q, counters=False) != live

@@ -21,11 +21,12 @@ the rest of the turn is written.  Surviving a crash of the machine is the ``fsyn
 the kernel, ``"everysec"`` fsyncs at most once a second, in a thread (started from ``commit``, or from ``tick``
 which the owner calls every second; what is lost with the machine is at most about a second of acknowledged
 changes, plus those of a sync still under way; a sync that fails is raised by the next ``commit`` or ``tick``:
-``_Syncer``), ``"always"`` fsyncs in every commit, before its replies.  A commit that fails (ENOSPC, EFBIG, EIO) cuts the file back to where it was and keeps its records
-buffered, so the file always ends on a record boundary and the next commit retries them; ``failed`` then holds that
-commit's own records (as appended), and the owner may take some of them back (``take_back``: the shard rolls back the
-pushes and leases among them and refuses their requests, ``shard.Shard._write_failed``).  A cut that fails too is
-tried again before the next write: nothing is appended after a torn record.
+``_Syncer``), ``"always"`` fsyncs in every commit, before its replies.  A commit that fails (ENOSPC, EFBIG, EIO)
+cuts the file back to where it was and keeps its records buffered, so the file always ends on a record boundary and
+the next commit retries them; ``failed`` then holds that commit's own records (as appended), and the owner may take
+some of them back (``take_back``: the shard rolls back the pushes and leases among them and refuses their requests,
+``shard.Shard._write_failed``).  A cut that fails too is tried again before the next write: nothing is appended after
+a torn record.
 
 Why marshal.  It is the fastest (de)serializer in the standard library for exactly these types, several times
 faster than pickle on small tuples, and it round-trips tuples, lists, bytes and ints exactly (JSON does not).
@@ -70,11 +71,11 @@ import glob
 import logging
 import marshal
 import os
-import queue
 import struct
 import threading
 import time
 import zlib
+from queue import SimpleQueue
 from typing import Callable, Iterable, Iterator
 
 from . import core
@@ -499,7 +500,7 @@ class _Syncer:
     owner to raise at its next commit or tick, as it would have raised the sync's own."""
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        self._jobs: SimpleQueue[int | None] = SimpleQueue()
         self._idle = threading.Event()
         self._idle.set()
         self._thread: threading.Thread | None = None
