@@ -893,7 +893,9 @@ def test_a_compaction_step_waits_for_the_end_of_a_turn(tmp_path, monkeypatch):
         assert sizes[0] == sizes[1] == sizes[2] == 0, sizes
         assert 0 < sizes[3] == sizes[4] == sizes[5] == sizes[6] < sizes[7], sizes   # a batch a turn's end
         assert sizes[7] == sizes[8] == sizes[9] == sizes[10] < sizes[11], sizes
+        deadline = time.monotonic() + 10
         while shard.journal.rewriting:
+            assert time.monotonic() < deadline
             shard.commit()
             shard.turn_done()
             await asyncio.sleep(0.01)   # the durable journal's flush runs in a thread
