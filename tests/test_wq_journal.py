@@ -518,10 +518,10 @@ def test_fsync_everysec(tmp_path, syncs):
     assert len(calls) == 4
 
 
-def test_an_everysec_fsync_holds_up_no_commit_and_its_failure_is_raised_by_the_next(tmp_path, monkeypatch):
+def test_an_everysec_fsync_holds_up_no_commit_and_its_failure_is_raised_by_the_next(tmp_path, monkeypatch, caplog):
     """A sync under way (a slow disk) lets commits go on, writing and returning, and no second sync starts until it
-    is done; a sync that fails is raised by the next commit (after that commit's records are written, as a failing
-    sync of its own would), and the one after that syncs again."""
+    is done (one under way for 2 s is logged, once); a sync that fails is raised by the next commit (after that
+    commit's records are written, as a failing sync of its own would), and the one after that syncs again."""
     import threading
     import time
 
@@ -546,12 +546,15 @@ def test_an_everysec_fsync_holds_up_no_commit_and_its_failure_is_raised_by_the_n
     while not started:                  # (once its thread is running)
         assert time.monotonic() < deadline
         time.sleep(0.001)
-    for i in (1, 2, 3):
-        clock[0] += 1.0                 # due again, but one is under way
-        j.append(*RECORDS[i])
-        j.commit()
-        j.tick()
+    with caplog.at_level(logging.WARNING, logger="broker.journal"):
+        for i in (1, 2, 3):
+            clock[0] += 1.0             # due again, but one is under way
+            j.append(*RECORDS[i])
+            j.commit()
+            j.tick()
     assert replay(path) == RECORDS[:4] and len(started) == 1
+    slow = [r.getMessage() for r in caplog.records if "still under way" in r.getMessage()]
+    assert len(slow) == 1 and "begun 2 s ago" in slow[0], slow
     outcome[0] = OSError(errno.EIO, "Input/output error")
     release.set()
     j._syncer.wait()

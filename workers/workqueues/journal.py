@@ -92,6 +92,7 @@ _dumps = core.flat_dumps
 _loads = marshal.loads
 _crc32 = zlib.crc32
 _CHUNK = 1 << 20                     # replay, and a rewrite catching up with the journal, read this much at a time
+SLOW_SYNC_S = 2.0                    # an everysec fsync under way this long is logged (a slow or failing disk)
 # Indirections the tests replace (partial writes, failing disks, a fake clock).
 _write = os.write
 _sync = getattr(os, "fdatasync", os.fsync)
@@ -135,6 +136,7 @@ class Journal:
         self._synced_at = float("-inf")   # monotonic s of the last fsync: the first everysec commit syncs
         self._unsynced = False            # written since the last fsync (everysec)
         self._syncer = _Syncer() if fsync == "everysec" and path is not None else None
+        self._slow_logged = False         # the everysec fsync under way was logged as slow
         if path is not None:
             self._fd = os.open(path, _OPEN_FLAGS, 0o600)
             for stale in glob.glob(glob.escape(path) + ".rewrite-*"):   # an earlier worker's, never finished
@@ -244,6 +246,12 @@ class Journal:
         if due and syncer.start(fd):
             self._synced_at = _monotonic()
             self._unsynced = False
+            self._slow_logged = False
+        elif due and not self._slow_logged and _monotonic() - self._synced_at >= SLOW_SYNC_S:
+            self._slow_logged = True
+            log.warning("journal %s: an fsync begun %.0f s ago is still under way (a slow or failing disk?); until "
+                        "it ends, a crash of the machine can take everything written since it began",
+                        self.path, _monotonic() - self._synced_at)
 
     # -- reading --------------------------------------------------------------------------------------------------
     def replay(self) -> Iterator[tuple[str, tuple]]:
