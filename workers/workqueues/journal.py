@@ -374,6 +374,12 @@ class Journal:
         return self._rewriting is not None
 
     @property
+    def rewrite_unwritten(self) -> bool:
+        """The rewrite under way has batches left for ``rewrite_step`` to write."""
+        rw = self._rewriting
+        return rw is not None and not rw.written
+
+    @property
     def rewrite_written(self) -> bool:
         """The rewrite under way has written all its batches and flushed them (``rewrite_flush``):
         ``finish_rewrite`` puts it in place."""

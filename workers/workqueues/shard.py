@@ -161,7 +161,6 @@ class Shard:
         self._failed_writes = 0
         self.journal_refused = 0                  # requests answered journal_unavailable, since the start
         self.compactions = 0                      # journal rewrites put in place, since the start
-        self._stepping = False                    # a rewrite under way has batches left to write (turn_done)
         self._compact_after = 0.0                 # monotonic s: no compaction before (one failed)
         self.owns: Callable[[str], bool] = lambda name: True   # whether a queue is placed here (set by the service)
 
@@ -979,16 +978,18 @@ class Shard:
     def _start_rewrite(self) -> None:
         """Compact while serving: one batch of the state as it is now per turn of the event loop, in between."""
         self.journal.start_rewrite(self._snapshot())
-        self._stepping = True
-        self._schedule_flush()
+        self._schedule_flush()   # its steps: turn_done
 
     def turn_done(self) -> None:
         """The turn's replies are out (the hub's flush): the compaction under way writes its next batch now, or is
         put in place once written.  Done before the replies, a batch (``model.SNAPSHOT_RUN`` messages, a fraction
         of a millisecond) would hold back the replies of every turn the rewrite takes."""
-        if self._stepping:
+        journal = self.journal
+        if not journal.rewriting:
+            return
+        if journal.rewrite_unwritten:
             self._rewrite_step()
-        elif self.journal.rewrite_written:
+        elif journal.rewrite_written:
             self._finish_rewrite()
 
     def _rewrite_step(self) -> None:
@@ -997,13 +998,9 @@ class Shard:
             if not journal.rewrite_step():
                 if journal.rewriting:
                     self._schedule_flush()   # the next batch at the next turn's end, whether or not clients ask
-                else:
-                    self._stepping = False
                 return
-            self._stepping = False
             flush = journal.rewrite_flush()
         except Exception as exc:   # a full disk; or a record that cannot be encoded (a bug): the journal is kept
-            self._stepping = False
             self._compaction_failed(exc)
             return
         if flush is not None:      # in a thread: an fsync may take seconds, a rename that writes back ~50 ms
