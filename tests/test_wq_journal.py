@@ -377,6 +377,72 @@ def test_a_rewrite_while_serving_keeps_what_was_appended_while_it_ran(tmp_path, 
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
 
 
+@pytest.mark.parametrize("mode", ["everysec", "always"])
+def test_a_rewrite_while_serving_syncs_in_the_event_loop_only_for_always(tmp_path, monkeypatch, syncs, mode):
+    """The flush (run in a thread by the shard) copies what the journal gained since the start and fsyncs the
+    rewrite's file; ``finish_rewrite`` copies only what came meanwhile and renames.  With ``always`` it fsyncs
+    the file and the directory there, before the next reply; with ``everysec`` it fsyncs nothing, and the next
+    sync (in the syncer's thread) syncs the file, then the directory."""
+    import threading
+
+    calls, clock = syncs
+    path = tmp_path / "j"
+    j = Journal(str(path), fsync=mode)
+    j.append(*RECORDS[0])
+    j.commit()
+    if j._syncer is not None:
+        j._syncer.wait()
+    start = j.size
+    j.start_rewrite([RECORDS[:1]])
+    j.append(*RECORDS[1])
+    j.commit()                                          # gained since the start: the flush copies it
+    assert not j.rewrite_step() and j.rewrite_step()
+    flush, at_flush = j.rewrite_flush(), j.size
+    j.append(*RECORDS[2])
+    j.commit()                                          # gained during the flush: the finish copies it
+    fsyncs, dirs, copies = [], [], []
+    here = threading.current_thread().name
+    monkeypatch.setattr(os, "fsync", lambda fd: fsyncs.append(threading.current_thread().name))
+    monkeypatch.setattr(jmod, "_sync_dir", lambda d: dirs.append((d, threading.current_thread().name)))
+    real_copy = jmod._copy
+    monkeypatch.setattr(jmod, "_copy", lambda src, a, b, fd: (copies.append((a, b)), real_copy(src, a, b, fd)))
+    flusher = threading.Thread(target=flush, name="flush")
+    flusher.start()
+    flusher.join()
+    assert fsyncs == ["flush"] and copies == [(start, at_flush)]
+    del calls[:]
+    assert j.finish_rewrite()
+    assert copies == [(start, at_flush), (at_flush, j.size)]
+    assert replay(path) == RECORDS[:3]
+    if mode == "always":
+        assert fsyncs == ["flush", here] and dirs == [(str(tmp_path), here)]
+    else:
+        assert fsyncs == ["flush"] and dirs == [] and calls == []
+        j.append(*RECORDS[3])
+        j.commit()                                      # within the second of the last sync: not yet
+        j._syncer.wait()
+        assert calls == [] and dirs == []
+        failure = [OSError(errno.EIO, "Input/output error")]
+
+        def sync(fd):
+            if failure:
+                raise failure.pop()
+            calls.append(fd)
+
+        monkeypatch.setattr(jmod, "_sync", sync)
+        clock[0] += 1.0
+        j.tick()                                        # a sync that fails: its directory is not synced either
+        j._syncer.wait()
+        with pytest.raises(OSError, match="Input/output"):
+            j.tick()
+        assert calls == [] and dirs == []
+        j.tick()                                        # the new file, then the directory, in the syncer's thread
+        j._syncer.wait()
+        assert len(calls) == 1 and dirs == [(str(tmp_path), "journal-fsync")]
+    j.close()
+    assert replay(path) == RECORDS[:3 if mode == "always" else 4]
+
+
 def test_a_failed_rewrite_while_serving_keeps_the_old_journal(tmp_path):
     path = tmp_path / "j"
     j = _committed(path)
@@ -568,6 +634,42 @@ def test_an_everysec_fsync_holds_up_no_commit_and_its_failure_is_raised_by_the_n
     j._syncer.wait()
     assert len(started) == 2
     j.close()
+
+
+def test_an_everysec_journal_keeps_room_allocated_past_its_end_and_gives_it_back_at_close(tmp_path, syncs):
+    """Before each sync the syncer's thread allocates twice what was written since the last one (at least
+    ``RESERVE_MIN``) past the end, so that appends meanwhile find their blocks there (ext4 makes an append that
+    allocates wait for a sync's writeback); the file's size and records are untouched, and close frees the room."""
+    _, clock = syncs
+    path = tmp_path / "j"
+
+    def room() -> int:
+        j._syncer.wait()
+        st = os.stat(path)
+        assert st.st_size == j.size
+        return st.st_blocks * 512 - st.st_size
+
+    j = Journal(str(path), fsync="everysec")
+    j.append(*RECORDS[0])
+    j.commit()                                  # the first sync: the least room
+    if jmod._fallocate is None:
+        j.close()
+        pytest.skip("no fallocate(2) with FALLOC_FL_KEEP_SIZE for this directory's filesystem")
+    assert jmod.RESERVE_MIN <= room() < jmod.RESERVE_MIN + (1 << 20)
+    big = ("misc", ("weird", b"x" * (3 << 20)))
+    j.append(*big)
+    j.commit()                                  # within the second: no sync, the room used
+    assert room() < jmod.RESERVE_MIN - (3 << 20) + (1 << 20)
+    clock[0] += 1.0
+    j.tick()                                    # less than half of twice the 3 MiB written since is left: 6 MiB more
+    assert room() >= 6 << 20
+    assert replay(path) == [RECORDS[0], big]
+    j.close()
+    assert os.stat(path).st_blocks * 512 < os.stat(path).st_size + (64 << 10)
+    j = Journal(str(path), fsync="everysec")     # a journal that had room past its end goes on where its records end
+    j.append(*RECORDS[1])
+    j.close()
+    assert replay(path) == [RECORDS[0], big, RECORDS[1]]
 
 
 def test_close_commits_and_is_idempotent(tmp_path):
@@ -1107,5 +1209,5 @@ def test_a_rewrite_fsyncs_only_a_journal_that_must_outlive_the_machine(tmp_path,
     j = Journal(str(tmp_path / "j"), durable=durable)
     j.rewrite([RECORDS[:2]])
     j.close()
-    assert bool(calls) is durable   # the file, and its directory for the rename
+    assert bool(calls) is durable   # the file before the rename (fsync "no": the rename is the kernel's to write)
     assert replay(tmp_path / "j") == RECORDS[:2]

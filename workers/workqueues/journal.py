@@ -21,12 +21,12 @@ the rest of the turn is written.  Surviving a crash of the machine is the ``fsyn
 the kernel, ``"everysec"`` fsyncs at most once a second, in a thread (started from ``commit``, or from ``tick``
 which the owner calls every second; what is lost with the machine is at most about a second of acknowledged
 changes, plus those of a sync still under way; a sync that fails is raised by the next ``commit`` or ``tick``:
-``_Syncer``), ``"always"`` fsyncs in every commit, before its replies.  A commit that fails (ENOSPC, EFBIG, EIO)
-cuts the file back to where it was and keeps its records buffered, so the file always ends on a record boundary and
-the next commit retries them; ``failed`` then holds that commit's own records (as appended), and the owner may take
-some of them back (``take_back``: the shard rolls back the pushes and leases among them and refuses their requests,
-``shard.Shard._write_failed``).  A cut that fails too is tried again before the next write: nothing is appended after
-a torn record.
+``_Syncer``, which also keeps room allocated past the file's end: see below), ``"always"`` fsyncs in every
+commit, before its replies.  A commit that fails (ENOSPC, EFBIG, EIO) cuts the file back to where it was and keeps
+its records buffered, so the file always ends on a record boundary and the next commit retries them; ``failed``
+then holds that commit's own records (as appended), and the owner may take some of them back (``take_back``: the
+shard rolls back the pushes and leases among them and refuses their requests, ``shard.Shard._write_failed``).  A
+cut that fails too is tried again before the next write: nothing is appended after a torn record.
 
 Why marshal.  It is the fastest (de)serializer in the standard library for exactly these types, several times
 faster than pickle on small tuples, and it round-trips tuples, lists, bytes and ints exactly (JSON does not).
@@ -52,13 +52,20 @@ at a time between the owner's other work:
 ``start_rewrite`` is given the state as it was at a commit (the queues hand over their messages, tuples that never
 change, and copies of what does: ``model.Queue.snapshot``) and opens ``<path>.rewrite-<pid>``; each ``rewrite_step``
 writes one batch (the shard takes one step at the end of each turn, once its replies are out: ``Shard.turn_done``)
-while the owner goes on appending to the journal (then the file is flushed in another thread:
-``rewrite_flush``); ``finish_rewrite`` appends to that file what the journal gained since the start (whole records:
-it started at a commit) and renames it over the journal.  Replaying it is replaying the old one: the same state at
-the start, then the same records.  A rewrite that fails (a full disk) leaves the journal as it was, and so does a
-worker that dies meanwhile: its replacement clears the file away.  There is no child process: a fork of a worker
-holding a million messages made the worker fault on every page of its memory afterwards (copy-on-write), which cost
-more than the writing itself.
+while the owner goes on appending to the journal; then another thread appends to that file what the journal
+gained since the start (whole records: it started at a commit) and flushes it (``rewrite_flush``), and
+``finish_rewrite`` appends what came meanwhile and renames it over the journal (syncing nothing in the event loop
+but with ``always``).  Replaying it is replaying the old one: the same state at the start, then the same records.
+A rewrite that fails (a full disk) leaves the journal as it was, and so does a worker that dies meanwhile: its
+replacement clears the file away.  There is no child process: a fork of a worker holding a million messages made
+the worker fault on every page of its memory afterwards (copy-on-write), which cost more than the writing itself.
+
+Room ahead of the end (``everysec``).  On ext4 an append to blocks not yet allocated waits for the file's block map,
+which an fsync under way holds while it allocates the blocks it writes back: a commit stood still 4-11 ms once a
+second with a producer pushing (``scripts/serving_latency.py --during fsync``).  So before each sync the syncer's
+thread allocates about two seconds of the journal's writes past its end (``fallocate`` keeping the size: the file's
+length and content are unchanged, replay never sees the room), and the commits meanwhile write into blocks already
+there; ``close`` gives back what is left of it.
 
 A journal that only has to outlive its worker (``durable`` false: the runtime directory, no ``queues.data_dir``)
 is never fsynced, not even by a rewrite (whose writeback is only started early: ``rewrite_flush``): the page cache
@@ -67,6 +74,8 @@ survives a process, and the machine's crash takes the runtime directory's meanin
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import glob
 import logging
 import marshal
@@ -93,12 +102,53 @@ _loads = marshal.loads
 _crc32 = zlib.crc32
 _CHUNK = 1 << 20                     # replay, and a rewrite catching up with the journal, read this much at a time
 SLOW_SYNC_S = 2.0                    # an everysec fsync under way this long is logged (a slow or failing disk)
+# Room allocated past an everysec journal's end before each sync: twice what was written since the last one (the
+# next sync starts about a second later; a slow one, later still), within these bounds.
+RESERVE_MIN = 4 << 20
+RESERVE_MAX = 256 << 20
 # Indirections the tests replace (partial writes, failing disks, a fake clock).
 _write = os.write
 _sync = getattr(os, "fdatasync", os.fsync)
 _writeback = getattr(os, "posix_fadvise", None)
 _monotonic = time.monotonic
 _OPEN_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+
+
+def _keep_size_fallocate() -> Callable[[int, int, int], None] | None:
+    """Linux's fallocate(2) with FALLOC_FL_KEEP_SIZE (blocks allocated, the file's size unchanged), or None where
+    the C library has none (the os module has only posix_fallocate, which grows the file)."""
+    try:
+        call = ctypes.CDLL(None, use_errno=True).fallocate
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+    call.restype = ctypes.c_int
+
+    def fallocate(fd: int, offset: int, length: int) -> None:
+        if call(fd, 1, offset, length) != 0:   # 1: FALLOC_FL_KEEP_SIZE
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+
+    return fallocate
+
+
+_fallocate = _keep_size_fallocate()
+
+
+def _reserve_ahead(fd: int, ahead: int) -> None:
+    """At least half of ``ahead`` bytes allocated past the end of the file open as ``fd``, or ``ahead`` made so."""
+    global _fallocate
+    if _fallocate is None:
+        return
+    st = os.fstat(fd)
+    if st.st_blocks * 512 - st.st_size >= ahead // 2:
+        return
+    try:
+        _fallocate(fd, st.st_size, ahead)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.ENOSYS):
+            _fallocate = None   # this filesystem cannot: appends allocate as they go, as they did
+        # Otherwise (ENOSPC) nothing: a commit that cannot write says so itself, to its clients.
 
 
 def encode(queue: str, record: tuple) -> bytes:
@@ -113,6 +163,17 @@ def _write_all(fd: int, data: bytes) -> None:
         view = memoryview(data)
         while done < len(data):
             done += _write(fd, view[done:])
+
+
+def _copy(source: int, start: int, end: int, fd: int) -> None:
+    """Append bytes ``start`` to ``end`` of the file open as ``source`` to the one open as ``fd``."""
+    offset = start
+    while offset < end:
+        data = os.pread(source, min(_CHUNK, end - offset), offset)
+        if not data:
+            raise OSError(f"the journal ends at {offset}, short of {end}")
+        _write_all(fd, data)
+        offset += len(data)
 
 
 class Journal:
@@ -135,6 +196,9 @@ class Journal:
         self._failed_chunk: bytes | None = None               # ... as encoded, the last item of _buf
         self._synced_at = float("-inf")   # monotonic s of the last fsync: the first everysec commit syncs
         self._unsynced = False            # written since the last fsync (everysec)
+        self._dir_unsynced = False        # a rename in the directory not yet fsynced (everysec, after a rewrite)
+        self._written = 0                 # bytes committed by this journal, all files (everysec: its write rate)
+        self._written_at_sync = 0         # ... when the last everysec fsync started
         self._syncer = _Syncer() if fsync == "everysec" and path is not None else None
         self._slow_logged = False         # the everysec fsync under way was logged as slow
         if path is not None:
@@ -209,6 +273,7 @@ class Journal:
             raise
         buf.clear()
         self._size += len(data)
+        self._written += len(data)
         mode = self.fsync
         if mode == "always":
             _sync(fd)
@@ -242,12 +307,18 @@ class Journal:
         error, syncer.error = syncer.error, None
         if error is not None:
             self._unsynced = True
+            self._dir_unsynced |= syncer.failed_directory
             raise error
-        if due and syncer.start(fd):
+        if not due:
+            return
+        ahead = min(RESERVE_MAX, max(RESERVE_MIN, 2 * (self._written - self._written_at_sync)))
+        if syncer.start(fd, ahead, self._directory() if self._dir_unsynced else None):
+            self._dir_unsynced = False
+            self._written_at_sync = self._written
             self._synced_at = _monotonic()
             self._unsynced = False
             self._slow_logged = False
-        elif due and not self._slow_logged and _monotonic() - self._synced_at >= SLOW_SYNC_S:
+        elif not self._slow_logged and _monotonic() - self._synced_at >= SLOW_SYNC_S:
             self._slow_logged = True
             log.warning("journal %s: an fsync begun %.0f s ago is still under way (a slow or failing disk?); until "
                         "it ends, a crash of the machine can take everything written since it began",
@@ -345,14 +416,15 @@ class Journal:
         if not self.finish_rewrite():
             raise AssertionError("journal rewrite with uncommitted records: commit first")
 
-    def _replace_with(self, fd: int, tmp: str, fill: Callable[[], object]) -> None:
-        """``fill`` completes ``tmp`` (open as ``fd``), which then becomes the journal, appended to from now on.  If
-        anything fails, ``tmp`` is removed and the journal stays as it was."""
+    def _replace_with(self, fd: int, tmp: str, fill: Callable[[], object], sync: bool) -> None:
+        """``fill`` completes ``tmp`` (open as ``fd``), which then becomes the journal, appended to from now on; with
+        ``sync``, the file is fsynced before and its directory after the rename.  If anything fails, ``tmp`` is
+        removed and the journal stays as it was."""
         assert self.path is not None and self._fd is not None
         try:
             fill()
             size = os.fstat(fd).st_size
-            if self.durable:
+            if sync:
                 os.fsync(fd)
             os.replace(tmp, self.path)
         except BaseException:
@@ -363,10 +435,12 @@ class Journal:
         old, self._fd = self._fd, fd
         # The last close of the file replaced frees its page cache (~25 ms for 200 MB here): not in the event loop.
         threading.Thread(target=os.close, args=(old,), name="journal-close", daemon=True).start()
-        self._unsynced = False
-        self._synced_at = _monotonic()
-        if self.durable:
-            _sync_dir(os.path.dirname(os.path.abspath(self.path)))
+        if sync:
+            self._unsynced = False
+            self._synced_at = _monotonic()
+            _sync_dir(self._directory())
+        elif self.durable and self._syncer is not None:
+            self._unsynced = self._dir_unsynced = True
 
     # -- compaction while serving --------------------------------------------------------------------------------
     @property
@@ -419,57 +493,59 @@ class Journal:
 
     def rewrite_flush(self) -> Callable[[], None] | None:
         """What the rewrite needs once written, before it is put in place, for the caller to run in another thread
-        while it serves (on a descriptor of its own, so that the rewrite may end meanwhile): a durable journal's
-        is fsynced; another's has its writeback started, which renaming it over the journal would otherwise do in
-        the event loop (ext4 allocates a file's delayed blocks when it is renamed over another: ~50 ms for 200 MB
-        here).  None when there is nothing to do.  A failure here (no descriptor to be had) ends the rewrite, as
-        in ``rewrite_step``."""
+        while it serves (on descriptors of its own, so that the rewrite may end meanwhile): the records the journal
+        gained since the start, up to now, appended to the rewrite's file (leaving ``finish_rewrite`` only those of
+        the flush's own time to copy), then a durable journal's file fsynced, another's writeback started, which
+        renaming it over the journal would otherwise do in the event loop (ext4 allocates a file's delayed blocks
+        when it is renamed over another: ~50 ms for 200 MB here).  None when the rewrite is not written, or was
+        flushed.  A failure here (no descriptor to be had) ends the rewrite, as in ``rewrite_step``."""
         rw = self._rewriting
         if rw is None or not rw.written or rw.flushed:
             return None
-        if not self.durable and _writeback is None:
-            rw.flushed = True
-            return None
+        assert self._fd is not None
+        fds: list[int] = []
         try:
-            fd = os.dup(rw.fd)
+            fds += os.dup(self._fd), os.dup(rw.fd)
         except BaseException:
+            for fd in fds:
+                os.close(fd)
             self.abort_rewrite()
             raise
-        durable = self.durable
+        journal, fd = fds
+        start, end, durable = rw.copied, self._size, self.durable
 
         def flush() -> None:
             try:
+                _copy(journal, start, end, fd)
                 if durable:
                     os.fsync(fd)
-                else:
+                elif _writeback is not None:
                     _writeback(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                rw.copied = end
                 rw.flushed = True
             finally:
+                os.close(journal)
                 os.close(fd)
 
         return flush
 
     def finish_rewrite(self) -> bool:
         """Once every batch is written (and flushed) and the journal committed: append what the journal gained since
-        the start to the rewrite's file and make it the journal.  -> True if it did; False if not yet (batches
-        left, not flushed, records buffered).  A failure raises OSError; the journal stays as it was."""
+        the flush to the rewrite's file and make it the journal.  -> True if it did; False if not yet (batches
+        left, not flushed, records buffered).  A failure raises OSError; the journal stays as it was.
+
+        Only ``always`` fsyncs here, in the event loop (its every commit does, and the rename must be durable
+        before the next reply).  ``everysec`` leaves what was copied here and the rename to its next sync, begun
+        at the next commit or tick: what the flush synced (all but the records of its own time) is on the disk
+        before the rename can be, so a crash meanwhile takes no more than a sync under way can."""
         rw = self._rewriting
         if not self.rewrite_written or self._buf or self._pending or self._torn:
             return False
         assert rw is not None and self._fd is not None
         self._rewriting = None
-        journal, start, end = self._fd, rw.start, self._size
-
-        def append_since_start() -> None:
-            offset = start
-            while offset < end:
-                data = os.pread(journal, min(_CHUNK, end - offset), offset)
-                if not data:
-                    raise OSError(f"the journal ends at {offset}, short of {end}")
-                _write_all(rw.fd, data)
-                offset += len(data)
-
-        self._replace_with(rw.fd, rw.tmp, append_since_start)
+        journal, start, end = self._fd, rw.copied, self._size
+        self._replace_with(rw.fd, rw.tmp, lambda: _copy(journal, start, end, rw.fd),
+                           sync=self.durable and self.fsync == "always")
         return True
 
     def abort_rewrite(self) -> None:
@@ -480,6 +556,10 @@ class Journal:
             _unlink(rw.tmp)
 
     # -- the rest -------------------------------------------------------------------------------------------------
+    def _directory(self) -> str:
+        assert self.path is not None
+        return os.path.dirname(os.path.abspath(self.path))
+
     @property
     def size(self) -> int:
         """Bytes in the file now (committed records; buffered ones not counted)."""
@@ -500,6 +580,14 @@ class Journal:
                     self._unsynced = True
             if self._unsynced:
                 _sync(fd)
+            if self._dir_unsynced:
+                _sync_dir(self._directory())
+                self._dir_unsynced = False
+            if syncer is not None:
+                try:   # the room allocated past the end (everysec), given back
+                    os.ftruncate(fd, self._size)
+                except OSError:
+                    pass   # it stays, for the next start's appends
         finally:
             self._fd = None
             self._unsynced = False
@@ -514,17 +602,19 @@ class _Syncer:
     owner to raise at its next commit or tick, as it would have raised the sync's own."""
 
     def __init__(self) -> None:
-        self._jobs: SimpleQueue[int | None] = SimpleQueue()
+        self._jobs: SimpleQueue[tuple[int, int, str | None] | None] = SimpleQueue()
         self._idle = threading.Event()
         self._idle.set()
         self._thread: threading.Thread | None = None
         self.error: OSError | None = None
+        self.failed_directory = False    # the sync that failed had a directory to sync after the file
 
-    def start(self, fd: int) -> bool:
-        """Sync the file open as ``fd``; False if the last sync is still under way (the next one covers this)."""
+    def start(self, fd: int, ahead: int = 0, directory: str | None = None) -> bool:
+        """Sync the file open as ``fd``, first keeping ``ahead`` bytes allocated past its end (``_reserve_ahead``),
+        then ``directory`` if given; False if the last sync is still under way (the next one covers this)."""
         if not self._idle.is_set():
             return False
-        job = os.dup(fd)
+        job = (os.dup(fd), ahead, directory)
         self._idle.clear()
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name="journal-fsync", daemon=True)
@@ -544,25 +634,33 @@ class _Syncer:
             self._thread = None
 
     def _work(self) -> None:
-        while (fd := self._jobs.get()) is not None:
+        while (job := self._jobs.get()) is not None:
+            fd, ahead, directory = job
             try:
+                if ahead:
+                    _reserve_ahead(fd, ahead)
                 _sync(fd)
+                if directory is not None:
+                    _sync_dir(directory)
             except OSError as exc:
                 self.error = exc
+                self.failed_directory = directory is not None
             finally:
                 os.close(fd)
                 self._idle.set()
 
 
 class _Rewrite:
-    """A rewrite under way: its file, the journal's size when it started, the batches it has yet to write."""
+    """A rewrite under way: its file, the journal's size when it started and how much of what it gained since was
+    copied, the batches it has yet to write."""
 
-    __slots__ = ("fd", "tmp", "start", "batches", "written", "flushed")
+    __slots__ = ("fd", "tmp", "start", "copied", "batches", "written", "flushed")
 
     def __init__(self, fd: int, tmp: str, start: int, batches: Iterator[list[tuple[str, tuple]]]) -> None:
         self.fd = fd
         self.tmp = tmp
         self.start = start
+        self.copied = start      # the journal's bytes from ``start`` to here are in the rewrite's file too
         self.batches = batches
         self.written = False
         self.flushed = False
