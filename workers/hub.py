@@ -197,7 +197,8 @@ class Hub:
         self._backlog_scheduled = False
         self._backlog_waiters: list[Callable[[], None]] = []   # after_inflight callbacks waiting for the backlog
         self._counted: list[Route] = []           # routes published to in this turn
-        self._counts: dict[str, tuple] = {}       # subject -> (owner, messages, bytes) since the last shipment
+        # owner -> {subject: (messages, bytes)} since the last shipment: what tick ships (or merges) as it is
+        self._counts: dict[int, dict[str, tuple]] = {}
         self.owned = SubjectTable(config.limits.max_tracked_subjects)
 
         self._fins: set[int] = set()
@@ -935,26 +936,30 @@ class Hub:
         """At the end of a turn: what its routes counted, by subject until the next shipment (``tick``), so that
         no route is kept alive for the counters' sake (an inbox's would be, a second for nothing)."""
         counted, self._counted = self._counted, []
-        counts = self._counts
+        by_owner = self._counts
+        owner = -1
+        counts: dict[str, tuple] = {}
         for route in counted:
+            if route.owner != owner:
+                owner = route.owner
+                if owner not in by_owner:
+                    by_owner[owner] = {}
+                counts = by_owner[owner]
             subject = route.subject
             entry = counts.get(subject)
-            counts[subject] = (route.owner, route.msgs, route.bytes) if entry is None else \
-                (entry[0], entry[1] + route.msgs, entry[2] + route.bytes)
+            counts[subject] = (route.msgs, route.bytes) if entry is None else \
+                (entry[0] + route.msgs, entry[1] + route.bytes)
             route.msgs = route.bytes = 0
 
     def tick(self) -> None:
         """About once a second: ship subject counters to their owners."""
         self._fold_counts()
-        counts, self._counts = self._counts, {}
-        by_owner: dict[int, list] = {}
-        for subject, (owner, msgs, nbytes) in counts.items():
-            by_owner.setdefault(owner, []).append((subject, msgs, nbytes))
-        for owner, items in by_owner.items():
+        by_owner, self._counts = self._counts, {}
+        for owner, counts in by_owner.items():
             if owner == self.index:
-                self.owned.merge(items)
+                self.owned.merge(counts)
             else:
-                self.fabric.control(owner, (_COUNTERS, items))
+                self.fabric.control(owner, (_COUNTERS, counts))
         if self.fabric is not None:
             self.fabric.tick()
         if self.queue_service is not None:

@@ -23,11 +23,12 @@ class SubjectTable:
     def __len__(self) -> int:
         return len(self.subjects)
 
-    def merge(self, items: list) -> None:
+    def merge(self, counts: dict[str, tuple]) -> None:
+        """Add ``counts`` (subject -> (messages, bytes), as a worker's ``Hub.tick`` ships them)."""
         now = time.time()
         table = self.subjects
         pop = table.pop
-        for subject, msgs, nbytes in items:
+        for subject, (msgs, nbytes) in counts.items():
             entry = pop(subject, None)
             table[subject] = (msgs, nbytes, now, now) if entry is None else \
                 (entry[0] + msgs, entry[1] + nbytes, entry[2], now)
