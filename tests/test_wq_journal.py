@@ -287,7 +287,7 @@ def test_rewrite_large_in_chunks(tmp_path):
     assert replay(path) == records
 
 
-def test_failed_rewrite_keeps_the_old_journal(tmp_path):
+def test_failed_rewrite_keeps_the_old_journal(tmp_path, monkeypatch):
     path = tmp_path / "j"
     j = Journal(str(path))
     for queue, record in RECORDS:
@@ -303,6 +303,16 @@ def test_failed_rewrite_keeps_the_old_journal(tmp_path):
     assert glob.glob(str(path) + ".*") == []
     with pytest.raises(ValueError):
         j.rewrite([[("q", ("push", object()))]])   # marshal cannot encode it
+    assert glob.glob(str(path) + ".*") == []
+
+    def failing_disk(fd):   # the rewritten file's sync, in its flush
+        raise OSError(errno.EIO, "Input/output error")
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "fsync", failing_disk)
+        with pytest.raises(OSError, match="Input/output"):
+            j.rewrite([RECORDS[:1]])
+    assert glob.glob(str(path) + ".*") == [] and not j.rewriting
     assert list(j.replay()) == RECORDS
     j.append(*RECORDS[0])
     j.close()

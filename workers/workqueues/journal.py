@@ -412,7 +412,11 @@ class Journal:
                 return
         flush = self.rewrite_flush()
         if flush is not None:
-            flush()
+            try:
+                flush()
+            except BaseException:
+                self.abort_rewrite()
+                raise
         if not self.finish_rewrite():
             raise AssertionError("journal rewrite with uncommitted records: commit first")
 
