@@ -120,7 +120,7 @@ class BridgeSession(Connection):
         payload = b"".join(self._data)
         self._data = []
         hub = self.hub
-        route = hub.routes.get(self._publishing) or hub.route_for(self._publishing)
+        route = hub.route(self._publishing)
         self.msgs_in += 1
         self.bytes_in += len(payload)
         hub.publish(route, KIND_RAW, payload, None, None, self)

@@ -352,6 +352,10 @@ class Hub:
         self._invalidate()
 
     # -- routing and delivery -------------------------------------------------------------------------------
+    def route(self, subject: str) -> Route:
+        """The route of a subject the caller has validated: the cached one, or a new one (``route_for``)."""
+        return self.routes.get(subject) or self.route_for(subject)
+
     def route_for(self, subject: str) -> Route:
         """The route of a subject the caller has validated; cached until the next generation if the subject was
         routed before (``_seen``)."""
@@ -525,7 +529,7 @@ class Hub:
         """``route`` as of now: a delivery (an UNSUB limit reached) may have changed the tries mid-run."""
         if route.generation == self.generation:
             return route
-        return self.routes.get(route.subject) or self.route_for(route.subject)
+        return self.route(route.subject)
 
     def _deliver(self, route: Route, kind: int, payload: bytes, reply: str | None, headers: bytes | None,
                  origin: "Connection | None") -> int:

@@ -209,7 +209,7 @@ def _answer(session: "NatsSession", reply: str | None, op: str, result: dict, ar
     if reply is None or session.closed:
         return
     hub = session.hub
-    route = hub.routes.get(reply) or hub.route_for(reply)
+    route = hub.route(reply)
     # The broker's answer, not the requester's publish: a requester that asked for no echo gets it all the same.
     if op == "recv" and result.get("ok"):
         messages = result["messages"]
