@@ -655,16 +655,15 @@ class _Syncer:
 
 
 class _Rewrite:
-    """A rewrite under way: its file, the journal's size when it started and how much of what it gained since was
-    copied, the batches it has yet to write."""
+    """A rewrite under way: its file, how much of the journal it holds (the journal's size when it started, then
+    up to where the flush copied), the batches it has yet to write."""
 
-    __slots__ = ("fd", "tmp", "start", "copied", "batches", "written", "flushed")
+    __slots__ = ("fd", "tmp", "copied", "batches", "written", "flushed")
 
     def __init__(self, fd: int, tmp: str, start: int, batches: Iterator[list[tuple[str, tuple]]]) -> None:
         self.fd = fd
         self.tmp = tmp
-        self.start = start
-        self.copied = start      # the journal's bytes from ``start`` to here are in the rewrite's file too
+        self.copied = start      # the journal's bytes up to here are in the rewrite's file (as state, then as is)
         self.batches = batches
         self.written = False
         self.flushed = False
