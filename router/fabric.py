@@ -8,10 +8,13 @@ single worker it is addressed to.  On top of that:
   event-loop turn (``flush``), which is what makes ZeroMQ fast from Python.
 - Sequence numbers per link: a gap is detected and counted (frames and messages), never silent.
 - Acks and flow control: every frame carries the highest sequence number its sender has processed from the
-  destination.  Processed means done: a frame's messages count only once the handler has handed every one of them
-  to its subscribers' connections (``finish``), which may be turns later (a bounded turn leaves a backlog) or only
-  once messages it forwarded in turn are processed (a queue group's owner dispatching to another worker).  So an
-  ack is a delivery receipt, which is what makes a client's PING/PONG mean "delivered" across workers.  A sender
+  destination, and a frame of its own that carries only that is sent when the peer asked for it (``WANT_ACK``:
+  it waits on a sync point below, its window is a quarter full, its frame carried control items) or about once a
+  second (``tick``), not after every frame: at a low rate, that frame cost each side as much as the one it
+  acknowledged (``frames``).  Processed means done: a frame's messages count only once the handler has handed
+  every one of them to its subscribers' connections (``finish``), which may be turns later (a bounded turn leaves
+  a backlog) or only once messages it forwarded in turn are processed (a queue group's owner dispatching to
+  another worker).  So an ack is a delivery receipt, which is what makes a client's PING/PONG mean "delivered" across workers.  A sender
   keeps at most ``window_bytes`` (and half the HWM in frames) unacknowledged on a link; past that it reports
   congestion so the worker stops reading from publishing clients (as nats-server stalls fast producers), and PUB
   never reaches its high-water mark, where it would drop.  A peer whose window stays full with no ack at all for
@@ -67,8 +70,10 @@ class _Link:
 
     __slots__ = ("peer", "prefix", "out_msgs", "out_ctrl", "out_seq", "out_msg_count", "acked", "inflight",
                  "inflight_bytes", "congested_since", "acked_at", "lagging", "in_epoch", "in_seq", "in_msg_count",
-                 "processed", "unfinished", "finished_early", "ack_owed", "up", "lost_frames", "lost_messages",
-                 "frames_in", "frames_out", "messages_in", "messages_out", "dropped_messages", "dropped_at_lag",
+                 "processed", "unfinished", "finished_early", "ack_owed", "ack_wanted", "up", "lost_frames",
+                 "lost_messages",
+                 "frames_in", "frames_out", "acks_out", "messages_in", "messages_out", "dropped_messages",
+                 "dropped_at_lag",
                  "stalls")
 
     def __init__(self, peer: int) -> None:
@@ -91,11 +96,13 @@ class _Link:
         self.unfinished: collections.deque[int] = collections.deque()   # received, not finished, in order
         self.finished_early: set[int] = set()   # finished while an earlier frame is still unfinished
         self.ack_owed = False
+        self.ack_wanted = 0        # the peer asked for an ack as soon as every frame up to this one is processed
         # Up: the peer's current incarnation has acknowledged one of our frames, so both directions work.
         self.up = False
         self.lost_frames = 0
         self.lost_messages = 0
         self.frames_in = self.frames_out = self.messages_in = self.messages_out = 0
+        self.acks_out = 0          # frames that carried only an ack (and perhaps a question: WANT_ACK)
         self.dropped_messages = 0  # not sent: the peer was lagging and its window full
         self.dropped_at_lag = 0    # dropped_messages when the current lagging episode began
         self.stalls = 0            # times this link held the worker's publishers back
@@ -120,6 +127,7 @@ class Fabric:
         self.links = {p: _Link(p) for p in range(workers) if p != index}
         self._dirty: set[int] = set()
         self._waiters: list[tuple[dict[int, int] | None, Callable[[], None]]] = []
+        self._asking = False   # a sync point was added since the last flush: the peers are asked for acks
         self._congested = False
         self._input_paused: set[str] = set()
         self._ready = asyncio.get_running_loop().create_future()
@@ -194,12 +202,16 @@ class Fabric:
     def when_processed(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once every up peer has processed every frame queued to it so far."""
         self._waiters.append((None, callback))  # requirements are fixed at the next flush, when seqs are known
+        self._asking = True
 
     def flush(self) -> None:
         """Send what this turn queued: one frame per destination, plus acks owed.  Called once per loop turn."""
         if self._closed:
             return
         send = self.pub.send
+        asking, self._asking = self._asking, False
+        asked: set[int] = set()
+        quarter_bytes, quarter_frames = self.window_bytes // 4, self.window_frames // 4
         for dst in self._dirty:
             link = self.links[dst]
             msgs, ctrl = link.out_msgs, link.out_ctrl
@@ -214,8 +226,12 @@ class Fabric:
             while True:
                 chunk, msgs = msgs[:_MAX_FRAME_MESSAGES], msgs[_MAX_FRAME_MESSAGES:]
                 link.out_seq += 1
+                flags = frames.WANT_ACK if (asking or ctrl or not link.up or link.inflight_bytes > quarter_bytes
+                                            or len(link.inflight) > quarter_frames) else 0
+                if flags:
+                    asked.add(dst)
                 frame = frames.encode(dst, self.index, self.epoch, link.out_seq, link.out_msg_count,
-                                      link.processed, max(0, link.in_epoch), chunk, ctrl)
+                                      link.processed, max(0, link.in_epoch), chunk, ctrl, flags)
                 ctrl = []
                 count = frames.count(chunk)
                 link.out_msg_count += count
@@ -229,10 +245,13 @@ class Fabric:
                     break
         self._dirty.clear()
         for link in self.links.values():
-            if link.ack_owed:
+            # asked, with no frame of ours to carry the question: frames sent before the sync point are unacked
+            ask = asking and link.up and link.acked < link.out_seq and link.peer not in asked
+            if link.ack_owed or ask:
                 link.ack_owed = False
+                link.acks_out += 1
                 send(frames.encode(link.peer, self.index, self.epoch, 0, link.out_msg_count, link.processed,
-                                   max(0, link.in_epoch), [], []), zmq.NOBLOCK)
+                                   max(0, link.in_epoch), [], [], frames.WANT_ACK if ask else 0), zmq.NOBLOCK)
         if self._waiters:
             self._fix_waiters()
         self._check_congestion()
@@ -292,7 +311,7 @@ class Fabric:
         self.handler.schedule_flush()
 
     def _handle(self, frame: bytes) -> None:
-        src, epoch, seq, msgs_before, ack, ack_epoch, messages, control = frames.decode(frame)
+        src, epoch, seq, msgs_before, ack, ack_epoch, flags, messages, control = frames.decode(frame)
         link = self.links.get(src)
         if link is None:
             raise ValueError(f"frame from unknown worker {src}")
@@ -310,11 +329,14 @@ class Fabric:
             link.processed = 0
             link.unfinished.clear()
             link.finished_early.clear()
+            link.ack_wanted = 0
             link.in_msg_count = msgs_before
             link.forget_inflight()
             link.up = False
         acked = ack and ack_epoch == self.epoch  # an ack of our frames, not of our predecessor's
         if seq == 0:
+            if flags & frames.WANT_ACK:
+                self._ack_wanted(link, link.in_seq)
             if acked:
                 self._on_ack(link, ack)
             return  # ack-only
@@ -325,6 +347,8 @@ class Fabric:
             link.lost_messages += lost_msgs
             log.error("fabric link %d->%d lost %d frame(s), %d message(s)", src, self.index, lost, lost_msgs)
         link.in_seq = seq
+        if flags & frames.WANT_ACK:
+            link.ack_wanted = seq    # acknowledged when finished (which may be right below)
         count = frames.count(messages)
         link.in_msg_count = msgs_before + count
         link.unfinished.append(seq)
@@ -364,8 +388,15 @@ class Fabric:
         while unfinished and unfinished[0] in early:
             early.discard(unfinished.popleft())
         link.processed = unfinished[0] - 1 if unfinished else link.in_seq
+        if link.ack_wanted:
+            self._ack_wanted(link, link.ack_wanted)
+
+    def _ack_wanted(self, link: _Link, upto: int) -> None:
+        """The peer wants acks until every frame up to ``upto`` is processed: one at the next flush, and one after
+        each frame finished until then (``finish``), so that a backlog worked off acknowledges as it goes."""
         link.ack_owed = True
         self.handler.schedule_flush()
+        link.ack_wanted = 0 if link.processed >= upto else max(link.ack_wanted, upto)
 
     def _on_ack(self, link: _Link, ack: int) -> None:
         if ack > link.acked:
@@ -421,7 +452,8 @@ class Fabric:
         return self._congested
 
     def tick(self) -> None:
-        """Periodic (about 1 s): re-send acks (an ack-only frame can be dropped) and re-check a stall."""
+        """Periodic (about 1 s): send acks (those not asked for; and an ack-only frame can be dropped) and re-check
+        a stall."""
         for link in self.links.values():
             if link.in_epoch >= 0:
                 link.ack_owed = True
@@ -450,7 +482,7 @@ class Fabric:
         links = {}
         for p, lk in self.links.items():
             links[str(p)] = {
-                "up": lk.up, "frames_out": lk.frames_out, "frames_in": lk.frames_in,
+                "up": lk.up, "frames_out": lk.frames_out, "frames_in": lk.frames_in, "acks_out": lk.acks_out,
                 "messages_out": lk.messages_out, "messages_in": lk.messages_in,
                 "lost_frames": lk.lost_frames, "lost_messages": lk.lost_messages,
                 "inflight_bytes": lk.inflight_bytes, "inflight_frames": len(lk.inflight), "lagging": lk.lagging,

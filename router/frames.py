@@ -2,7 +2,7 @@
 
 A frame is one ZeroMQ message:
 
-    dst:u16 | src:u16 | epoch:u32 | seq:u64 | msgs_before:u64 | ack:u64 | ack_epoch:u32 | body
+    dst:u16 | src:u16 | epoch:u32 | seq:u64 | msgs_before:u64 | ack:u64 | ack_epoch:u32 | flags:u8 | body
 
 - ``dst`` comes first because ZeroMQ SUB filters on a prefix: each worker subscribes to its own index only, so the
   PUB side sends a frame to the one worker it is addressed to.
@@ -14,6 +14,11 @@ A frame is one ZeroMQ message:
   dst those frames came from: a worker that has just replaced a dead one must not take acks meant for its
   predecessor as proof that its own frames arrive.  Ack-only frames carry seq 0 and no body; they are not part of
   the sequence (losing one is harmless, the next ack covers it).
+- ``flags``: ``WANT_ACK`` asks the receiver to acknowledge as soon as it has processed what it received so far
+  (the sender waits on it: a sync point, its flow-control window a quarter full, control items).  Without it
+  the receiver's acks ride on its own frames, or on the ack-only frame it sends about once a second: an
+  ack-only frame a frame cost as much again as the frame (two thread wake-ups on each side, ZeroMQ's and the
+  event loop's), at a low rate.
 - ``body`` is ``marshal`` of ``(messages, control)``: messages are ``(subject, kind, payload, reply, headers,
   extra)`` tuples, where ``payload`` may be a list of payloads (a run of messages to one subject, without
   headers); control is a list of small tuples (interest changes, hello, counters).  marshal is C-fast and only
@@ -26,7 +31,8 @@ from __future__ import annotations
 import marshal
 import struct
 
-_HEADER = struct.Struct("!HHIQQQI")
+_HEADER = struct.Struct("!HHIQQQIB")
+WANT_ACK = 1
 HEADER_SIZE = _HEADER.size
 _PREFIX = struct.Struct("!H")
 
@@ -44,22 +50,23 @@ def prefix(dst: int) -> bytes:
 
 
 def encode(dst: int, src: int, epoch: int, seq: int, msgs_before: int, ack: int, ack_epoch: int,
-           messages: list, control: list) -> bytes:
-    head = _HEADER.pack(dst, src, epoch, seq, msgs_before, ack, ack_epoch)
+           messages: list, control: list, flags: int = 0) -> bytes:
+    head = _HEADER.pack(dst, src, epoch, seq, msgs_before, ack, ack_epoch, flags)
     if not messages and not control:
         return head
     return head + marshal.dumps((messages, control))
 
 
-def decode(frame: bytes) -> tuple[int, int, int, int, int, int, list, list]:
-    """-> (src, epoch, seq, msgs_before, ack, ack_epoch, messages, control).  ValueError on a malformed frame."""
+def decode(frame: bytes) -> tuple[int, int, int, int, int, int, int, list, list]:
+    """-> (src, epoch, seq, msgs_before, ack, ack_epoch, flags, messages, control).  ValueError on a malformed
+    frame."""
     if len(frame) < HEADER_SIZE:
         raise ValueError("short fabric frame")
-    _dst, src, epoch, seq, msgs_before, ack, ack_epoch = _HEADER.unpack_from(frame)
+    _dst, src, epoch, seq, msgs_before, ack, ack_epoch, flags = _HEADER.unpack_from(frame)
     if len(frame) == HEADER_SIZE:
-        return src, epoch, seq, msgs_before, ack, ack_epoch, [], []
+        return src, epoch, seq, msgs_before, ack, ack_epoch, flags, [], []
     try:
         messages, control = marshal.loads(memoryview(frame)[HEADER_SIZE:])
     except (EOFError, TypeError, ValueError) as exc:
         raise ValueError(f"bad fabric frame body: {exc}") from None
-    return src, epoch, seq, msgs_before, ack, ack_epoch, messages, control
+    return src, epoch, seq, msgs_before, ack, ack_epoch, flags, messages, control

@@ -3,8 +3,9 @@
 import asyncio
 import os
 import signal
+import time
 
-from test_cluster import spread
+from test_cluster import close_spread, spread
 
 BIG = 1 << 30  # a pending bound no reader in these tests can reach: they are about the fabric, not slow readers
 
@@ -71,3 +72,43 @@ def test_frozen_worker_does_not_hold_up_the_others_and_its_losses_are_counted(st
     link = varz["workers"][0]["fabric"]["links"]["1"]
     assert link["dropped_messages"] > 0, "the frozen worker was never declared lagging"
     assert len(received) + link["dropped_messages"] + varz["fabric_lost_messages"] == n
+
+
+def test_frames_at_a_low_rate_get_no_ack_frame_each_but_a_ping_is_still_answered_after_delivery(start_broker):
+    """At a low rate each publish that crosses workers is a frame of its own.  Its receiver acknowledges it on its
+    own frames, or about once a second, not with an ack-only frame each (at a low rate that frame cost each side as
+    much as the one it acknowledged: two thread wake-ups, ZeroMQ's and the event loop's).  A sender that waits on
+    an ack asks for it (WANT_ACK): a PING's PONG still comes once every message published before it is delivered."""
+    b = start_broker(workers=2)
+    n = 100
+
+    def link(worker: int) -> dict:
+        return b.varz()["workers"][worker]["fabric"]["links"][str(1 - worker)]
+
+    async def run():
+        clients = await spread(b.port, 2, 1)
+        pub, sub = clients[0][0], clients[1][0]
+        await sub.sub("lazy.acks")
+        await pub.ping()
+        before = link(1)
+        for i in range(n):
+            await pub.pub("lazy.acks", i, wait=False)
+            await asyncio.sleep(0.003)                  # each in a frame of its own
+        assert [(await sub.next_message(timeout=10)).data for _ in range(n)] == list(range(n))
+        after = link(1)
+        started = time.monotonic()
+        for i in range(5):                              # each ping waits for worker 1's ack of its message
+            await pub.pub("lazy.acks", f"then {i}", wait=False)
+            await asyncio.wait_for(pub.ping(), 10)
+            assert (await sub.next_message(timeout=10)).data == f"then {i}"
+        pinged = time.monotonic() - started
+        await close_spread(clients)
+        return before, after, pinged
+
+    before, after, pinged = asyncio.run(run())
+    # asked for, an ack comes at once; had the pings waited for the once-a-second one, five would take five seconds
+    assert pinged < 2.5, f"five pings took {pinged:.1f} s"
+
+    frames_in = after["frames_in"] - before["frames_in"]
+    assert frames_in >= n // 2, f"the publishes did not go in frames of their own: {frames_in} frames"
+    assert after["acks_out"] - before["acks_out"] <= frames_in // 4, (before, after)

@@ -97,10 +97,12 @@ def test_frames_round_trip():
     ctrl = [("+", "a.*"), ("cnt", [("a.b", 3, 9)])]
     frame = frames.encode(5, 2, 9, 17, 100, 4, 7, msgs, ctrl)
     assert frame.startswith(frames.prefix(5))
-    assert frames.decode(frame) == (2, 9, 17, 100, 4, 7, msgs, ctrl)
+    assert frames.decode(frame) == (2, 9, 17, 100, 4, 7, 0, msgs, ctrl)
     ack_only = frames.encode(1, 0, 3, 0, 0, 12, 7, [], [])
     assert len(ack_only) == frames.HEADER_SIZE
-    assert frames.decode(ack_only) == (0, 3, 0, 0, 12, 7, [], [])
+    assert frames.decode(ack_only) == (0, 3, 0, 0, 12, 7, 0, [], [])
+    asking = frames.encode(1, 0, 3, 0, 0, 12, 7, [], [], frames.WANT_ACK)
+    assert frames.decode(asking) == (0, 3, 0, 0, 12, 7, frames.WANT_ACK, [], [])
     with pytest.raises(ValueError):
         frames.decode(b"\x00\x01")
     with pytest.raises(ValueError):
