@@ -8,19 +8,19 @@ single worker it is addressed to.  On top of that:
   event-loop turn (``flush``), which is what makes ZeroMQ fast from Python.
 - Sequence numbers per link: a gap is detected and counted (frames and messages), never silent.
 - Acks and flow control: every frame carries the highest sequence number its sender has processed from the
-  destination, and a frame of its own that carries only that is sent when the peer asked for it (``WANT_ACK``:
-  it waits on a sync point below, its window is a quarter full, its frame carried control items) or about once a
-  second (``tick``), not after every frame: at a low rate, that frame cost each side as much as the one it
-  acknowledged (``frames``).  Processed means done: a frame's messages count only once the handler has handed
-  every one of them to its subscribers' connections (``finish``), which may be turns later (a bounded turn leaves
-  a backlog) or only once messages it forwarded in turn are processed (a queue group's owner dispatching to
-  another worker).  So an ack is a delivery receipt, which is what makes a client's PING/PONG mean "delivered" across workers.  A sender
-  keeps at most ``window_bytes`` (and half the HWM in frames) unacknowledged on a link; past that it reports
-  congestion so the worker stops reading from publishing clients (as nats-server stalls fast producers), and PUB
-  never reaches its high-water mark, where it would drop.  A peer whose window stays full with no ack at all for
-  ``stall_timeout`` (a stuck worker, until the supervisor replaces it; a slow one still acknowledges as it goes)
-  is declared lagging and no longer holds anyone up: messages for it beyond the window are dropped here and
-  counted (``dropped_messages``), so memory stays bounded.
+  destination, and a frame of its own that carries only that is sent when the peer asked for it (``WANT_ACK``: it
+  waits on a sync point below, its window is a quarter full, its frame carried control items) or about once a second
+  (``tick``), not after every frame: at a low rate, that frame cost each side as much as the one it acknowledged
+  (``frames``).  Processed means done: a frame's messages count only once the handler has handed every one of them
+  to its subscribers' connections (``finish``), which may be turns later (a bounded turn leaves a backlog) or only
+  once messages it forwarded in turn are processed (a queue group's owner dispatching to another worker).  So an ack
+  is a delivery receipt, which is what makes a client's PING/PONG mean "delivered" across workers.  A sender keeps
+  at most ``window_bytes`` (and half the HWM in frames) unacknowledged on a link; past that it reports congestion so
+  the worker stops reading from publishing clients (as nats-server stalls fast producers), and PUB never reaches its
+  high-water mark, where it would drop.  A peer whose window stays full with no ack at all for ``stall_timeout`` (a
+  stuck worker, until the supervisor replaces it; a slow one still acknowledges as it goes) is declared lagging and
+  no longer holds anyone up: messages for it beyond the window are dropped here and counted (``dropped_messages``),
+  so memory stays bounded.
 - Sync points: ``when_processed(callback)`` calls back once every peer has processed every frame queued so far,
   which is how a subscription is known to be in force on all workers before its client is told ``ok``.
 - Hello: a worker that starts sends hello to every peer until each answers; the answer carries the peer's interest
