@@ -71,10 +71,8 @@ class _Link:
     __slots__ = ("peer", "prefix", "out_msgs", "out_ctrl", "out_seq", "out_msg_count", "acked", "inflight",
                  "inflight_bytes", "congested_since", "acked_at", "lagging", "in_epoch", "in_seq", "in_msg_count",
                  "processed", "unfinished", "finished_early", "ack_owed", "ack_wanted", "up", "lost_frames",
-                 "lost_messages",
-                 "frames_in", "frames_out", "acks_out", "messages_in", "messages_out", "dropped_messages",
-                 "dropped_at_lag",
-                 "stalls")
+                 "lost_messages", "frames_in", "frames_out", "acks_out", "messages_in", "messages_out",
+                 "dropped_messages", "dropped_at_lag", "stalls")
 
     def __init__(self, peer: int) -> None:
         self.peer = peer
