@@ -1003,10 +1003,11 @@ class Shard:
         except Exception as exc:   # a full disk; or a record that cannot be encoded (a bug): the journal is kept
             self._compaction_failed(exc)
             return
-        if flush is not None:      # in a thread: an fsync may take seconds, a rename that writes back ~50 ms
-            self.loop.run_in_executor(None, flush).add_done_callback(self._rewrite_flushed)
-            return
-        self._schedule_flush()     # written: the turn's end puts it in place (turn_done)
+        assert flush is not None   # written just now, so not yet flushed
+        # In a thread: the copy of what the journal gained meanwhile, an fsync that may take seconds, a writeback
+        # that renaming would otherwise do in the loop (~50 ms).  Then the next turn's end puts it in place
+        # (_rewrite_flushed, turn_done).
+        self.loop.run_in_executor(None, flush).add_done_callback(self._rewrite_flushed)
 
     def _rewrite_flushed(self, done: asyncio.Future) -> None:
         if done.cancelled():       # the worker is stopping
