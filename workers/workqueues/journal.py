@@ -582,6 +582,7 @@ class Journal:
                 syncer.stop()
                 if syncer.error is not None:   # that one failed: this one says whether the disk took it now
                     self._unsynced = True
+                    self._dir_unsynced |= syncer.failed_directory
             if self._unsynced:
                 _sync(fd)
             if self._dir_unsynced:
