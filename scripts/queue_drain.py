@@ -27,9 +27,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import psutil  # noqa: E402
 
 from cli.bench import servers  # noqa: E402
-from cli.client import AsyncClient  # noqa: E402
 from cli.bench.qload import QueueLoad, owner  # noqa: E402
 from cli.bench.scenarios import QUEUE_BOUNDS  # noqa: E402
+from cli.client import AsyncClient  # noqa: E402
+from cluster.launch import MARKER  # noqa: E402
 
 QUEUE = "drain.q"
 
@@ -70,10 +71,15 @@ def one_run(messages: int, journal: bool) -> None:
         port = server.ports["ndjson"]
         own = owner(QUEUE, 2)
         pushed = asyncio.run(fill(port, messages))
-        workers = [p for p in psutil.Process(server.proc.pid).children() if "broker-worker" in " ".join(p.cmdline())]
+        workers = {}   # pid -> its name, by the index its command line carries (``broker-worker <index> ...``)
+        for proc in psutil.Process(server.proc.pid).children():
+            args = proc.cmdline()
+            if MARKER in args:
+                index = int(args[args.index(MARKER) + 1])
+                workers[proc.pid] = f"worker {index}" + (" (owner)" if index == own else "")
         drain = QueueLoad()   # the consumer lands off the owner, and moves there at its first receive
         drain.connect("127.0.0.1", port, "ndjson", 0, 1, owner=own, consumer_at="other")
-        pids = {p.pid: f"worker {i}" for i, p in enumerate(workers)} | {os.getpid(): "consumer"}
+        pids = workers | {os.getpid(): "consumer"}
         before = {pid: schedstat(pid) for pid in pids}
         start = time.monotonic()
         res = drain.run(QUEUE, 128, start, 0.0, drain=True)
@@ -89,7 +95,7 @@ def one_run(messages: int, journal: bool) -> None:
                 ran = (run1 - run0) / 1e9
                 if ran / took < 0.02:   # idle threads (ZeroMQ's, the journal's syncer, the other worker)
                     continue
-                print(f"  {name:9} thread {tid}: ran {ran / took:6.1%}, waited for a CPU "
+                print(f"  {name:17} thread {tid}: ran {ran / took:6.1%}, waited for a CPU "
                       f"{(wait1 - wait0) / 1e9 / took:5.1%}, {(n1 - n0) / took:,.0f} switches/s, "
                       f"{ran / acked * 1e6:.2f} µs a message")
     finally:
