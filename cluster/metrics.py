@@ -81,6 +81,9 @@ _WORKER_COUNTERS = (
      "Times a lagging consumer made this worker pause reading its publishers."),
     ("backpressure_released", "shardbroker_backpressure_released",
      "Consumers found not reading at all and no longer waited for."),
+    ("callback_errors", "shardbroker_callback_errors",
+     "Exceptions caught in a callback (the fabric reader, a sync point, a turn's phase, a commit's reply) so the "
+     "others went on: each is a bug, logged with its traceback."),
     ("queue_dropped", "shardbroker_queue_group_dropped_messages",
      "Queue-group deliveries dropped: the member picked had gone or could no longer receive the subject."),
     ("journal_refused", "shardbroker_workqueue_journal_refused_requests",

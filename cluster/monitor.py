@@ -141,7 +141,23 @@ class Monitor:
         if bad or missing:
             return 503, {"status": "unavailable",
                          "error": f"{len(bad)} worker(s) unresponsive, {missing} not running"}
+        deaf = self._not_reading(replies)
+        if deaf:
+            return 503, {"status": "unavailable", "error": "; ".join(deaf)}
         return 200, {"status": "ok"}
+
+    def _not_reading(self, replies: list[dict]) -> list[str]:
+        """Workers that answer the supervisor but have stopped taking the others' frames: a peer acknowledges at
+        least once a second, so frames left unacknowledged for ``fabric.stall_timeout`` + 2 s mean it is not
+        reading them (or is stopped)."""
+        limit = self.sup.config.fabric.stall_timeout + 2.0
+        found = []
+        for r in replies:
+            for peer, link in sorted(r.get("fabric", {}).get("links", {}).items()):
+                if link.get("up") and link.get("unacked_seconds", 0) > limit:
+                    found.append(f"worker {peer} has not acknowledged worker {r['worker']}'s frames for "
+                                 f"{link['unacked_seconds']:.1f}s")
+        return found
 
     async def _samples(self, pids: list[int]) -> dict[int, Any]:
         """psutil's figures for the supervisor and the given workers, by pid (absent: the process is gone); read
@@ -228,6 +244,7 @@ class Monitor:
             "out_bytes": total("out_bytes"),
             "out_wire_bytes": total("out_wire_bytes"),
             "slow_consumers": total("slow_consumers"),
+            "callback_errors": total("callback_errors"),
             "breaches": self._breaches(ok),
             "accept_errors": sup.acceptor.accept_errors if sup.acceptor is not None else 0,
             "pending_polls": total("pending_polls"),

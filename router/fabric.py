@@ -39,7 +39,7 @@ from typing import Callable, Protocol
 
 import zmq
 
-from . import frames
+from . import frames, guard
 
 log = logging.getLogger("broker.fabric")
 
@@ -72,7 +72,7 @@ class _Link:
                  "inflight_bytes", "congested_since", "acked_at", "lagging", "in_epoch", "in_seq", "in_msg_count",
                  "processed", "unfinished", "finished_early", "ack_owed", "ack_wanted", "up", "lost_frames",
                  "lost_messages", "frames_in", "frames_out", "acks_out", "messages_in", "messages_out",
-                 "dropped_messages", "dropped_at_lag", "stalls")
+                 "dropped_messages", "dropped_at_lag", "stalls", "waiting_since")
 
     def __init__(self, peer: int) -> None:
         self.peer = peer
@@ -104,11 +104,13 @@ class _Link:
         self.dropped_messages = 0  # not sent: the peer was lagging and its window full
         self.dropped_at_lag = 0    # dropped_messages when the current lagging episode began
         self.stalls = 0            # times this link held the worker's publishers back
+        self.waiting_since = 0.0   # since when frames have been unacknowledged with no ack moving (0: none are)
 
     def forget_inflight(self) -> None:
         self.acked = self.out_seq
         self.inflight.clear()
         self.inflight_bytes = 0
+        self.waiting_since = 0.0
         self.congested_since = 0.0
         self.lagging = False
 
@@ -236,6 +238,8 @@ class Fabric:
                 link.messages_out += count
                 link.frames_out += 1
                 link.inflight_bytes += len(frame)
+                if not link.inflight:
+                    link.waiting_since = time.monotonic()
                 link.inflight.append((link.out_seq, len(frame)))
                 link.ack_owed = False
                 send(frame, zmq.NOBLOCK)  # copied: cheaper than zero-copy tracking (pyzmq's GC thread)
@@ -272,7 +276,7 @@ class Fabric:
                           if self.links[p].acked >= seq or not self.links[p].up or self.links[p].lagging]:
                     del req[p]
                 if not req:
-                    cb()
+                    guard.call("a fabric sync point's callback", cb)
                     continue
             keep.append((req, cb))
         self._waiters = keep
@@ -304,6 +308,8 @@ class Fabric:
                 self._handle(frame)
             except ValueError as exc:
                 log.error("dropping malformed fabric frame: %s", exc)
+            except Exception:
+                guard.failed("the fabric reader")   # and read on: nobody else would (the fd is edge-triggered)
         else:
             self._loop.call_soon(self._on_readable)  # more may be waiting: yield to client I/O first
         self.handler.schedule_flush()
@@ -360,11 +366,10 @@ class Fabric:
             elif kind == HELLO_ACK:
                 pass  # the ack number in the header is what proves the link; see _on_ack
             else:
-                self.handler.on_control(src, item)
-        if messages:
-            self.handler.on_messages(src, messages, (epoch, seq))
-        else:
-            self.finish(src, (epoch, seq))
+                guard.call("a fabric control item", self.handler.on_control, src, item)
+        if not messages or not guard.call("a fabric frame's delivery", self.handler.on_messages, src, messages,
+                                          (epoch, seq)):
+            self.finish(src, (epoch, seq))   # a failed delivery must not hold the peer's window for good
         if acked:
             # After the messages: the peer sent them before it processed what it acknowledges, so a sync point
             # released by this ack finds them handed to the handler (Hub.after_inflight relies on it).
@@ -403,6 +408,7 @@ class Fabric:
             inflight = link.inflight
             while inflight and inflight[0][0] <= ack:
                 link.inflight_bytes -= inflight.popleft()[1]
+            link.waiting_since = link.acked_at if inflight else 0.0
         if not link.up:
             link.up = True
             if not self._ready.done() and all(lk.up for lk in self.links.values()):
@@ -457,6 +463,10 @@ class Fabric:
                 link.ack_owed = True
         self._check_congestion()
         self.handler.schedule_flush()
+        if not self._input_paused and not self._closed and self.sub.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            # Frames wait and nothing is reading: the descriptor is edge-triggered, so a wake-up missed is never
+            # repeated.  Reading again costs nothing when the reader was merely about to run.
+            self._loop.call_soon(self._on_readable)
 
     # -- membership -----------------------------------------------------------------------------------------
     def peer_down(self, peer: int, epoch: int) -> None:
@@ -477,6 +487,7 @@ class Fabric:
 
     # -- introspection --------------------------------------------------------------------------------------
     def stats(self) -> dict:
+        now = time.monotonic()
         links = {}
         for p, lk in self.links.items():
             links[str(p)] = {
@@ -485,6 +496,9 @@ class Fabric:
                 "lost_frames": lk.lost_frames, "lost_messages": lk.lost_messages,
                 "inflight_bytes": lk.inflight_bytes, "inflight_frames": len(lk.inflight), "lagging": lk.lagging,
                 "dropped_messages": lk.dropped_messages, "stalls": lk.stalls,
+                # how long frames to the peer have waited with no ack moving (a peer acks at least once a second):
+                # /healthz reports a peer that stopped reading once this passes fabric.stall_timeout + 2 s
+                "unacked_seconds": round(now - lk.waiting_since, 3) if lk.waiting_since else 0.0,
             }
         total = lambda key: sum(getattr(lk, key) for lk in self.links.values())  # noqa: E731
         return {

@@ -102,7 +102,7 @@ class Sublist:
         out: list[Hashable] = []
         if not self._count:   # no split for an empty trie (a one-worker broker's remote one, most queue-group ones)
             return out
-        _match(self._root, subject.split("."), 0, out)
+        _match(self._root, subject.split("."), out)
         return out
 
     def patterns(self) -> Iterator[tuple[str, Hashable]]:
@@ -120,18 +120,27 @@ class Sublist:
                 stack.append((node.pwc, prefix + (PWC,)))
 
 
-def _match(node: _Node, toks: list[str], i: int, out: list[Hashable]) -> None:
+def _match(root: _Node, toks: list[str], out: list[Hashable]) -> None:
+    """Depth first, ``*`` branches before literal ones, with a stack of its own rather than recursion: a pattern of
+    a thousand ``*`` tokens is valid (``limits.max_topic_length`` allows it) and must not reach Python's recursion
+    limit."""
     n = len(toks)
-    while True:
-        if node.fwc and i < n:
-            out.extend(node.fwc)
-        if i == n:
-            out.extend(node.values)
-            return
-        if node.pwc is not None:
-            _match(node.pwc, toks, i + 1, out)
-        child = node.children.get(toks[i])
-        if child is None:
-            return
-        node = child
-        i += 1
+    stack = [(root, 0)]
+    while stack:
+        node, i = stack.pop()
+        while True:
+            if node.fwc and i < n:
+                out.extend(node.fwc)
+            if i == n:
+                out.extend(node.values)
+                break
+            child = node.children.get(toks[i])
+            i += 1
+            if node.pwc is not None:
+                if child is not None:
+                    stack.append((child, i))   # after everything below the '*' branch
+                node = node.pwc
+            elif child is not None:
+                node = child
+            else:
+                break

@@ -60,6 +60,17 @@ def test_sublist_agrees_with_reference_matcher_on_random_patterns():
         assert sorted(sl.match(subject)) == sorted(p for p in patterns if covers(p, subject)), subject
 
 
+def test_sublist_matches_a_pattern_of_thousands_of_wildcard_tokens():
+    """A valid pattern of 2,000 '*' tokens (4 KiB, the default max_topic_length) matches without recursion: a
+    recursive walk raised RecursionError for every publish to a long subject, on every worker (T5)."""
+    sl = Sublist()
+    sl.insert(".".join(["*"] * 2000), "stars")
+    sl.insert(".".join(["a"] * 1999) + ".>", "tail")
+    sl.insert("a.>", "short")
+    assert sorted(sl.match(".".join(["a"] * 2000))) == ["short", "stars", "tail"]
+    assert sl.match(".".join(["a"] * 1999)) == ["short"]
+
+
 def test_sublist_remove_prunes_and_counts():
     sl = Sublist()
     assert sl.insert("a.b.c", 1) and not sl.insert("a.b.c", 1)

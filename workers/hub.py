@@ -40,7 +40,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Awaitable, Callable
 
-from router import shardmap
+from router import guard, shardmap
 from router.fabric import Fabric
 from router.subjects import is_literal
 from router.sublist import Sublist
@@ -738,7 +738,7 @@ class Hub:
         if self._backlog_waiters:
             waiters, self._backlog_waiters = self._backlog_waiters, []
             for callback in waiters:
-                callback()
+                guard.call("a delivery barrier's callback", callback)
 
     # -- end of turn ----------------------------------------------------------------------------------------
     def mark_dirty(self, conn: "Connection") -> None:
@@ -753,24 +753,33 @@ class Hub:
             self.loop.call_soon(self._flush)
 
     def _flush(self) -> None:
+        """The end of a turn, in phases that each run whatever an earlier one raised (``guard``): a phase that
+        failed must not keep the fabric's frames or the other connections' output from leaving."""
         self._flush_scheduled = False
         self.turn_work = 0
         if self._counted:
-            self._fold_counts()
+            guard.call("the subject counters", self._fold_counts)
         if self.queue_service is not None:
-            try:
-                self.queue_service.commit()  # journal this turn's queue changes before any reply to them leaves
-            except OSError as exc:
-                self._journal_failed(exc)
+            guard.call("the work-queue commit", self._commit_queues)
         if self.batch is not None:
-            self.end_batch()
+            guard.call("the open batch", self.end_batch)
         if self.fabric is not None:
-            self.fabric.flush()
+            guard.call("the fabric's flush", self.fabric.flush)
         dirty, self._dirty = self._dirty, []
         for conn in dirty:
-            conn.flush()
+            try:
+                conn.flush()
+            except Exception:
+                guard.failed("a connection's flush")
         if self.queue_service is not None:
-            self.queue_service.turn_done()   # background work of the queues, now that the replies are out
+            # background work of the queues, now that the replies are out
+            guard.call("the work queues' background work", self.queue_service.turn_done)
+
+    def _commit_queues(self) -> None:
+        try:
+            self.queue_service.commit()  # journal this turn's queue changes before any reply to them leaves
+        except OSError as exc:
+            self._journal_failed(exc)
 
     def _journal_failed(self, exc: OSError) -> None:
         """The queue journal could not be written (a full disk, an I/O error).  The replies to what it holds wait
@@ -989,6 +998,7 @@ class Hub:
             "out_bytes": self.bytes_out + sum(c.bytes_out for c in live),
             "out_wire_bytes": self.wire_bytes_out + sum(c.flushed_total for c in live),
             "slow_consumers": self.slow_consumers,
+            "callback_errors": guard.errors,   # exceptions that a callback raised and the others survived
             "moved_in": self.moved_in,     # connections taken over from other workers, and given to them
             "moved_out": self.moved_out,
             "breaches": dict(self.breaches),

@@ -219,8 +219,9 @@ class NatsSession(Connection):
         if data is codec.PONG:
             self._pong_at = self.flushed_total if self.out else -1
 
-    def _hold_until_synced(self, cmd: tuple) -> None:
-        self.suspend([cmd])
+    def _hold_until_synced(self, cmd: tuple | None) -> None:
+        """Hold ``cmd`` (if any) and everything read after it until every sync point before it is reached."""
+        self.suspend([cmd] if cmd is not None else None)
         self._waiting_syncs = True
 
     def _synced(self) -> None:
@@ -476,10 +477,13 @@ class NatsSession(Connection):
                 sub.max_msgs = limit
                 self.hub.subscription_changed()  # routes precompute which subscriptions have no limit
             else:
-                # In force once what other workers already read is delivered (Hub.after_inflight); what comes
-                # after it on this connection (PONG, +OK) waits, so after the PONG nothing more arrives for it.
+                # In force once what other workers already read is delivered (Hub.after_inflight).  Everything
+                # this connection sent after it waits until then (as NDJSON's unsub does): a PUB read with it
+                # must not reach the subscription, and after the PONG nothing more arrives for it.
                 self._syncs += 1
                 self.hub.after_inflight(lambda: self._unsubscribed(sub))
+                if self.subs.get(sid) is sub and self._held is None:
+                    self._hold_until_synced(None)
         if self.verbose:
             self._reply(codec.OK)
 

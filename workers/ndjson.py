@@ -207,7 +207,10 @@ class NdjsonSession(Connection):
             return
         if self.push_group is not None and handler is not PUSH:
             flush_pushes(self)   # what comes after gathered pushes sees them done (a qrecv, a qstat)
-        handler(self, req, line)
+        try:
+            handler(self, req, line)
+        except codec.TooDeep:   # raised before the request did anything
+            self.send(codec.reply(req, "invalid_json"))
 
     # -- requests that finish later -------------------------------------------------------------------------
     def _suspend(self, work: Awaitable[bytes | None]) -> None:

@@ -4,6 +4,11 @@ Framing: one JSON object per line, ``\\n``-terminated (a ``\\r`` before it is JS
 longer than the limit is reported as ``None`` in the list of lines, and nothing after it is returned: the session
 answers ``line_too_long`` and closes.
 
+Depth: orjson reads JSON nested up to 1,024 levels but writes only 254 levels inside a reply.  A request whose
+``id`` (echoed in every reply) could not be written back is not a request (``parse`` returns None: ``invalid_json``),
+and ``data`` nested too deeply to be written raises ``TooDeep`` (the session answers ``invalid_json``), before
+anything is done: a reply rendered later, in another worker's callback, can never fail on what a client sent.
+
 Data pass-through: a ``data`` value is re-encoded by orjson, which is exact for every JSON value except integers
 beyond 64 bits (orjson reads them as floats).  Those are detected cheaply (a float that large, or a run of 19+
 digits in a line whose data is a container) and re-read with the standard library, which keeps them exact.
@@ -22,6 +27,10 @@ OK = b'{"ok":true}\n'
 _DIGITS = bytes.maketrans(b"0123456789", b"9999999999")
 _LONG_DIGIT_RUN = b"9" * 19
 _LOSSY_FLOAT = float(1 << 63)
+
+
+class TooDeep(ValueError):
+    """A request's ``data`` is nested more deeply than JSON can be written here."""
 
 
 def split_lines(tail: bytes, data: bytes, max_line: int) -> tuple[list[bytes | None], bytes]:
@@ -52,7 +61,20 @@ def parse(line: bytes) -> dict | None:
         req = orjson.loads(line)
     except orjson.JSONDecodeError:
         return None
-    return req if type(req) is dict else None
+    if type(req) is not dict:
+        return None
+    rid = req.get("id")
+    if (type(rid) is list or type(rid) is dict) and not _writable({"id": rid}):
+        return None
+    return req
+
+
+def _writable(value: object) -> bool:
+    try:
+        orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return False
+    return True
 
 
 def is_blank(line: bytes) -> bool:
@@ -61,6 +83,13 @@ def is_blank(line: bytes) -> bool:
 
 def encode_data(line: bytes, data: object) -> bytes:
     """The JSON encoding of a request's ``data`` value, exactly as the client wrote it (bar insignificant spaces)."""
+    try:
+        return _encode_data(line, data)
+    except (orjson.JSONEncodeError, RecursionError):
+        raise TooDeep("data nested too deeply") from None
+
+
+def _encode_data(line: bytes, data: object) -> bytes:
     t = type(data)
     if t is float:
         if data >= _LOSSY_FLOAT or data <= -_LOSSY_FLOAT:  # type: ignore[operator]

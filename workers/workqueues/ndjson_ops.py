@@ -111,6 +111,13 @@ def _batch(line: bytes, req: dict, items: object) -> list | bytes:
     for i, item in enumerate(items):
         if type(item) is not dict:
             return codec.reply_with(req, {"ok": False, "error": "invalid_message", "index": i})
+    try:
+        return _batch_data(line, items)
+    except (orjson.JSONEncodeError, RecursionError):
+        raise codec.TooDeep("data nested too deeply") from None
+
+
+def _batch_data(line: bytes, items: list) -> list:
     if _LONG_DIGIT_RUN in line.translate(_DIGITS) or any(
             type(data) is float and (data >= _LOSSY_FLOAT or data <= -_LOSSY_FLOAT)
             for data in [item.get("data") for item in items]):

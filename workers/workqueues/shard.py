@@ -27,6 +27,7 @@ import logging
 import time
 from typing import Callable, Iterator
 
+from router import guard
 from router.subjects import is_valid_literal
 from workers.message import KIND_JSON
 
@@ -309,7 +310,7 @@ class Shard:
         if self._replies:
             replies, self._replies = self._replies, []
             for reply, result in replies:
-                reply(result)
+                guard.call("a work-queue reply", reply, result)   # one failing must not drop the others
 
     # -- a journal that cannot be written -------------------------------------------------------------------
     def _write_failed(self, exc: OSError) -> None:
@@ -341,7 +342,7 @@ class Shard:
             self._replies = [r for r in replies if id(r[1]) not in refused]
             replies = [r for r in replies if id(r[1]) in refused]
         for reply, result in replies:
-            reply(result)
+            guard.call("a work-queue reply", reply, result)
         if journal.dirty or any(q.visible for name in self.waiters if (q := self.queues.get(name)) is not None):
             if self._retry is None:
                 self._retry = self.loop.call_later(_RETRY_WRITE_S, self._retry_write)
