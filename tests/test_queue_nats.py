@@ -138,14 +138,16 @@ def test_queue_permissions_on_nats(start_broker):
     asyncio.run(run())
 
 
-def test_answers_are_the_brokers_own_messages(start_broker):
-    """An answer is not the requester's publish: a client without echo gets its answers, every subscriber of the
-    reply subject on any worker gets them (a queue group one copy), and they are neither counted as what clients
-    published nor cached as routes (each request's inbox is new)."""
+def test_answers_go_to_the_requesting_connection_alone(start_broker):
+    """An answer is the broker's message to the requester, not a publish: a client without echo gets its answers,
+    and nobody else subscribed to the reply subject, on any worker or in a queue group, sees one (findings A3, A4:
+    a sniffer of `_INBOX.>` read other users' queues, and a reply subject was a way to publish where the requester
+    may not).  Answers are not cached as routes either (each request's inbox is new)."""
     broker = start_broker(workers=2)
     watchers = [on_worker(broker.ports["ndjson"], w) for w in (0, 1)]
     for watcher in watchers:
         assert watcher.request({"op": "sub", "topic": "answers.>"}) == {"ok": True}
+        assert watcher.request({"op": "sub", "topic": "_INBOX.>"}) == {"ok": True}
 
     async def run():
         nc = await nats.connect(url(broker), no_echo=True, allow_reconnect=False)
@@ -157,6 +159,7 @@ def test_answers_are_the_brokers_own_messages(start_broker):
 
         for m in members:
             await m.subscribe("answers.>", queue="g", cb=member)
+            await m.subscribe("_INBOX.>", cb=member)
             await m.flush()
         for i in range(200):   # each with an inbox of its own
             assert (await push(nc, "nq.answers", b"m%d" % i))["ok"]
@@ -164,21 +167,20 @@ def test_answers_are_the_brokers_own_messages(start_broker):
         assert msg.data == b"m0"
         assert json.loads((await nc.request(msg.reply, b"+ACK")).data) == {"ok": True}
         assert broker.http("/subsz")[1]["num_cache"] < 10   # while the subscriptions stand (a change clears it)
+        own = await nc.subscribe("answers.1")
         await nc.publish("$Q.PUSH.nq.answers", b"seen", reply="answers.1")
-        await nc.flush()
-        for watcher in watchers:
-            delivery = watcher.json()
-            assert delivery["topic"] == "answers.1" and json.loads(delivery["data"])["ok"] is True
-        for _ in range(50):
-            if got:
-                break
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.2)
-        assert len(got) == 1 and json.loads(got[0])["ok"] is True
+        await nc.publish("$Q.RECV.nq.answers", b'{"batch":2}', reply="answers.1")
+        answer = await own.next_msg(timeout=5)
+        assert json.loads(answer.data)["ok"] is True
+        assert (await own.next_msg(timeout=5)).data == b"m1"
+        await asyncio.sleep(0.3)
+        assert got == []
         for c in (nc, *members):
             await c.close()
 
     asyncio.run(run())
+    for watcher in watchers:
+        assert watcher.nothing(0.2), watcher.buf
     assert broker.http("/varz")[1]["in_msgs"] == 0   # requests to $Q are not publishes, nor are their answers
     for watcher in watchers:
         watcher.close()

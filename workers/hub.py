@@ -439,19 +439,10 @@ class Hub:
             return True
         return delivered > 0
 
-    def sole_subscriber(self, route: Route) -> Subscription | None:
-        """The one NATS subscription that is all ``route`` reaches (on this worker, no other, no queue group, no
-        delivery limit): the broker's answers to it may go as frames rendered by their maker (``send_frames``);
-        None where they go by ``send``."""
-        if len(route.nats) == 1 and not (route.ndjson or route.others or route.remote or route.queued):
-            sub = route.nats[0]
-            if not sub.max_msgs:
-                return sub
-        return None
-
     def send_frames(self, sub: Subscription, frames: list[bytes], size: int) -> None:
-        """``send`` of ``len(frames)`` messages from the broker to ``sub`` alone (``sole_subscriber``), each
-        already a whole frame of its protocol; ``size``: their payloads' bytes, which the out counters count."""
+        """``len(frames)`` messages from the broker to ``sub`` alone (the answers to a connection's own queue
+        requests), each already a whole frame of its protocol; ``size``: their payloads' bytes, which the out
+        counters count."""
         if self.batch is not None:
             self.end_batch()   # deliveries batched before them go first, as in _deliver
         n = len(frames)

@@ -168,12 +168,15 @@ class NatsSession(Connection):
 
     def execute(self, cmd: tuple) -> None:
         op = cmd[0]
-        if self.gathered is not None and not (op in _PUBS and cmd[1].startswith(queue_ops.PREFIX)):
+        queued = op in _PUBS and cmd[1][:3] == queue_ops.PREFIX   # by its subject alone, whatever any cache holds
+        if self.gathered is not None and not queued:
             queue_ops.flush_gathered(self)   # what comes after gathered requests sees them done
         if self._secure and self.user is None and op not in (codec.OP_CONNECT, codec.OP_ERR, _OP_SEND):
             self._fail(ERR_AUTH_VIOLATION)
             return
-        if op == codec.OP_PUBS:
+        if queued:
+            self._queue_request(cmd)
+        elif op == codec.OP_PUBS:
             self._pubs(cmd[1], cmd[2], cmd[3])
         elif op == codec.OP_PUB:
             self._pub(cmd[1], cmd[2], cmd[3], cmd[4])
@@ -356,16 +359,21 @@ class NatsSession(Connection):
             self._ping_timer = self.hub.loop.call_later(min(_FIRST_PING, self._cfg.ping_interval), self._ping_tick)
 
     # -- PUB / HPUB -----------------------------------------------------------------------------------------
+    def _queue_request(self, cmd: tuple) -> None:
+        """PUBs to ``$Q.…``: work-queue requests, never publishes (``queue_ops``)."""
+        if cmd[0] == codec.OP_PUBS:
+            for payload in cmd[3]:
+                queue_ops.handle(self, cmd[1], cmd[2], None, payload)
+            return
+        if cmd[3] is not None and not self.headers:
+            self._fail(None)   # HPUB without negotiating headers, as for any HPUB
+            return
+        queue_ops.handle(self, cmd[1], cmd[2], cmd[3], cmd[4])
+
     def _pub(self, subject_b: bytes, reply_b: bytes | None, headers: bytes | None, payload: bytes) -> None:
         hub = self.hub
         route = hub.routes_b.get(subject_b)
         if route is None:
-            if subject_b[:3] == queue_ops.PREFIX:  # work queues (never a cached route: costs nothing above)
-                if headers is not None and not self.headers:
-                    self._fail(None)
-                    return
-                queue_ops.handle(self, subject_b, reply_b, headers, payload)
-                return
             route = self._new_route(subject_b)
             if route is None:
                 return

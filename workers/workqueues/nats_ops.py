@@ -25,13 +25,14 @@ import orjson
 
 from router.subjects import is_valid_literal
 from workers.message import KIND_RAW, as_bytes
+from workers.nats_codec import Outgoing
 
 from .model import D_DATA, D_DELIVERIES, D_ID, D_KIND, D_RECEIPT, MS
 from .service import PUSH_WORK, allowed
 from .shard import MAX_BATCH
 
 if TYPE_CHECKING:
-    from workers.hub import Hub, Route, Subscription
+    from workers.hub import Hub, Subscription
     from workers.nats import NatsSession
 
 PREFIX = b"$Q."
@@ -206,27 +207,48 @@ def flush_gathered(session: "NatsSession") -> None:
 
 
 def _answer(session: "NatsSession", reply: str | None, op: str, result: dict, args: dict | None = None) -> None:
+    """The broker's answer to a queue request goes to the requesting connection alone, on its own subscriptions
+    that match ``reply``: never through the subject space, where it would reach whoever else subscribes to the
+    reply subject (another user's inbox sniffer) or land on subjects the requester may not publish to."""
     if reply is None or session.closed:
         return
     hub = session.hub
-    route = hub.route(reply)
+    subs = [sub for sub in hub.route(reply).nats if sub.conn is session]   # what may receive it, there
+    if not subs:
+        return
+    reply_b = reply.encode()
     # The broker's answer, not the requester's publish: a requester that asked for no echo gets it all the same.
     if op == "recv" and result.get("ok"):
         messages = result["messages"]
         if not messages:
-            hub.send(route, KIND_RAW, b"", None, _TIMEOUT if args and args.get("wait_ms") else _NO_MESSAGES, None)
+            status = _TIMEOUT if args and args.get("wait_ms") else _NO_MESSAGES
+            _deliver(hub, subs, Outgoing(reply_b, None, status, b""))
             return
         queue = args["queue"]
-        sub = hub.sole_subscriber(route)
-        if sub is not None and sub.conn.headers:   # the requester's inbox alone: its frames made here, at once
-            _deliveries(hub, sub, route, queue, messages)
-            return
-        for m in messages:   # model.D_* tuples
-            block = _delivery_headers(m)
-            route = hub.current(route)   # a delivery limit (UNSUB <sid> <max>) reached unsubscribes
-            hub.send(route, m[D_KIND], m[D_DATA], f"$Q.ACK.{queue}.{m[D_RECEIPT]}", block, None)
+        for sub in subs:
+            if sub.conn.headers and not sub.max_msgs:   # the common case: its frames made here, in one loop
+                _deliveries(hub, sub, reply_b, queue, messages)
+                continue
+            for m in messages:   # model.D_* tuples
+                ack = f"$Q.ACK.{queue}.{m[D_RECEIPT]}".encode()
+                if not _deliver(hub, [sub], Outgoing(reply_b, ack, _delivery_headers(m), as_bytes(m[D_KIND],
+                                                                                                   m[D_DATA]))):
+                    break   # its delivery limit (UNSUB <sid> <max>) was reached
         return
-    hub.send(route, KIND_RAW, orjson.dumps(result), None, None, None)
+    _deliver(hub, subs, Outgoing(reply_b, None, None, orjson.dumps(result)))
+
+
+def _deliver(hub: "Hub", subs: list, out: Outgoing) -> bool:
+    """``out`` to each of ``subs`` (one connection's), honouring delivery limits; False if the last one's was
+    reached."""
+    alive = True
+    for sub in subs:
+        conn = sub.conn
+        hub.send_frames(sub, [conn.frame_for(sub, out)], conn.payload_size(out))
+        alive = not sub.max_msgs or sub.delivered < sub.max_msgs
+        if not alive:
+            conn.remove_subscription(sub)
+    return alive
 
 
 _CHUNK = 1 << 16   # payload bytes of a receive's frames joined at most into one delivery (_deliveries)
@@ -238,10 +260,10 @@ def _delivery_headers(m: tuple) -> bytes:
             % (m[D_RECEIPT], m[D_DELIVERIES], m[D_ID])).encode()
 
 
-def _deliveries(hub: "Hub", sub: "Subscription", route: "Route", queue: str, messages: list) -> None:
-    """A receive's messages as the HMSG frames ``hub.send`` would make of them for ``sub`` alone, made in one
-    loop and delivered in chunks of at most ``_CHUNK`` payload bytes and one message (``Hub.send_frames``)."""
-    head = b"HMSG %s %s $Q.ACK.%s." % (route.subject_b, sub.sid, queue.encode())
+def _deliveries(hub: "Hub", sub: "Subscription", reply_b: bytes, queue: str, messages: list) -> None:
+    """A receive's messages as HMSG frames for ``sub`` (no delivery limit, headers negotiated), made in one loop
+    and delivered in chunks of at most ``_CHUNK`` payload bytes and one message (``Hub.send_frames``)."""
+    head = b"HMSG %s %s $Q.ACK.%s." % (reply_b, sub.sid, queue.encode())
     frames = []
     size = 0
     for m in messages:   # model.D_* tuples
