@@ -104,9 +104,9 @@ def test_queue_answers_land_on_no_subject_the_requester_may_not_publish_to(start
             await nc.flush()
         await asyncio.sleep(0.5)
         assert seen == []
-        # the message was leased to alice, who had no subscription to see it on: it is not lost, its lease runs out
+        # alice had no subscription to be handed the message on: it was not leased to nobody
         stat = json.loads((await alice.request("$Q.STAT.jobs", b"", timeout=5)).data)["stat"]
-        assert stat["messages"] == 1
+        assert stat["messages"] == 1 and stat["visible"] == 1 and stat["in_flight"] == 0, stat
         for nc in (billing, eve, alice):
             await nc.close()
 

@@ -129,6 +129,8 @@ def handle(session: "NatsSession", subject_b: bytes, reply_b: bytes | None, head
     if not allowed(session.user.permissions if session._secure else None, op, queue):
         _answer(session, reply, op, {"ok": False, "error": "permission_denied"})
         return
+    if op == "recv" and (reply is None or not _own_subscriptions(session, reply)):
+        return   # nobody could be handed its messages: lease none (they would wait out the lease for nothing)
     if op in _GATHERED:
         if op == "push":
             session.hub.turn_work += PUSH_WORK
@@ -213,7 +215,7 @@ def _answer(session: "NatsSession", reply: str | None, op: str, result: dict, ar
     if reply is None or session.closed:
         return
     hub = session.hub
-    subs = [sub for sub in hub.route(reply).nats if sub.conn is session]   # what may receive it, there
+    subs = _own_subscriptions(session, reply)
     if not subs:
         return
     reply_b = reply.encode()
@@ -236,6 +238,11 @@ def _answer(session: "NatsSession", reply: str | None, op: str, result: dict, ar
                     break   # its delivery limit (UNSUB <sid> <max>) was reached
         return
     _deliver(hub, subs, Outgoing(reply_b, None, None, orjson.dumps(result)))
+
+
+def _own_subscriptions(session: "NatsSession", reply: str) -> list:
+    """The connection's plain subscriptions that match ``reply`` and may receive it now."""
+    return [sub for sub in session.hub.route(reply).nats if sub.conn is session]
 
 
 def _deliver(hub: "Hub", subs: list, out: Outgoing) -> bool:
