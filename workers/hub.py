@@ -350,6 +350,8 @@ class Hub:
             else:
                 conn.user = registry.get(user.name)  # a reload makes new user objects
         self._invalidate()
+        if self.queue_service is not None:
+            self.queue_service.users_changed()
 
     # -- routing and delivery -------------------------------------------------------------------------------
     def route(self, subject: str) -> Route:

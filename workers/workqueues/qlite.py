@@ -376,6 +376,9 @@ class QliteSession(Connection):
                   lambda result: self._received(result, empty))
 
     def _received(self, result: dict, empty: str) -> None:
+        if result.get("error") == "permission_denied":   # revoked while it waited: as at the next request
+            self._fatal(codec.no_role(self.role))
+            return
         if not result.get("ok"):
             self._reply(codec.fail(_error(result)))
             return

@@ -84,6 +84,16 @@ class QueueService:
         self._used: dict[int, set[int]] = {}     # cid -> owners its requests went to
         self._owners: dict[str, int] = {}        # queue -> owner, as computed (a cache: cleared when large)
         shard.owns = lambda queue: self.owner(queue) == hub.index
+        shard.may_receive = self._may_receive
+
+    def _may_receive(self, name: str, queue: str) -> bool:
+        user = self.hub.auth.registry.get(name)
+        return user is not None and allowed(user.permissions, "recv", queue)
+
+    def users_changed(self) -> None:
+        """Users or permissions changed (in force here now): waiting receivers that may no longer receive go."""
+        self.shard.recheck_waiters()
+        self.hub.schedule_flush()
 
     def owner(self, queue: str) -> int:
         owner = self._owners.get(queue)
@@ -102,10 +112,15 @@ class QueueService:
         """Run ``op`` on the owner of ``args["queue"]`` (a str) for the connection ``cid``; ``reply`` gets the
         result dict."""
         hub = self.hub
-        if op == "recv" and args.get("wait_ms"):   # a long poll: bounded per connection and worker (workers.polls)
-            reply = hub.polls.admit(cid, reply)
-            if reply is None:
-                return
+        if op == "recv":
+            if hub.auth.enabled:   # who receives: asked again at the owner when the messages are handed over
+                conn = hub.conns.get(cid)
+                if conn is not None and conn.user is not None:
+                    args = dict(args, user=conn.user.name)
+            if args.get("wait_ms"):   # a long poll: bounded per connection and worker (workers.polls)
+                reply = hub.polls.admit(cid, reply)
+                if reply is None:
+                    return
         queue = args["queue"]
         owner = self._owners.get(queue)
         if owner is None:

@@ -71,6 +71,7 @@ HISTORY_BUDGET = 1_000_000
 _TRIM_EVERY_S = 10.0        # how often they are counted (~1.4 ms a 1,000 queues): the budget passed for 10 s at most
 _LOG_EVERY_S = 10.0         # while the journal cannot be written, one log line per this many seconds
 _UNAVAILABLE = {"ok": False, "error": JOURNAL_UNAVAILABLE, "retry": True}
+DENIED = {"ok": False, "error": "permission_denied"}
 
 
 def _boot_id() -> str:
@@ -88,12 +89,13 @@ def _clock() -> tuple:
 
 
 class Waiter:
-    __slots__ = ("reply", "holder", "max", "visibility", "release", "deadline", "done")
+    __slots__ = ("reply", "holder", "user", "max", "visibility", "release", "deadline", "done")
 
-    def __init__(self, reply: Reply, holder: tuple, count: int, visibility: int, release: bool,
+    def __init__(self, reply: Reply, holder: tuple, user: str | None, count: int, visibility: int, release: bool,
                  deadline: int) -> None:
         self.reply = reply
         self.holder = holder
+        self.user = user   # who waits (security on), asked again whether it may receive when it is served
         self.max = count
         self.visibility = visibility
         self.release = release
@@ -164,6 +166,9 @@ class Shard:
         self.compactions = 0                      # journal rewrites put in place, since the start
         self._compact_after = 0.0                 # monotonic s: no compaction before (one failed)
         self.owns: Callable[[str], bool] = lambda name: True   # whether a queue is placed here (set by the service)
+        # whether a user may receive from a queue now (set by the service from the worker's users: every worker
+        # has the change in force before an admin's change is acknowledged)
+        self.may_receive: Callable[[str, str], bool] = lambda user, name: True
 
     # -- queues ---------------------------------------------------------------------------------------------
     def queue(self, name: str) -> Queue:
@@ -679,6 +684,10 @@ class Shard:
         wait = _int(args, "wait_ms", 0, 0, MAX_WAIT_MS)
         visibility = _int(args, "visibility_ms", settings.visibility_ms, 0, settings.max_visibility_ms)
         release = bool(args.get("release_on_close", False))
+        user = args.get("user")
+        if user is not None and not self.may_receive(user, name):
+            # checked here too, at the owner: a receive still on its way when the user's permission was revoked
+            raise QueueError("permission_denied")
         if q is None:   # nothing to receive: only a long poll makes the queue exist, to wait in
             if not wait:
                 return {"ok": True, "messages": []}
@@ -694,7 +703,7 @@ class Shard:
         queued = self.waiters.setdefault(q.name, collections.deque())
         if self._waiting.get(holder, 0) >= MAX_WAITERS_PER_CONNECTION or len(queued) >= MAX_WAITERS_PER_QUEUE:
             raise QueueError("too_many_waiters", retry=True)
-        waiter = Waiter(reply, holder, count, visibility, release, now + wait * MS)
+        waiter = Waiter(reply, holder, user, count, visibility, release, now + wait * MS)
         queued.append(waiter)
         self._waiting[holder] = self._waiting.get(holder, 0) + 1
         self._holders.setdefault(holder, set()).add(q.name)
@@ -713,22 +722,34 @@ class Shard:
         queued = self.waiters.get(q.name)
         while queued and q.visible:
             w = queued.popleft()
-            if not w.done:   # noted: a failed journal write puts it back (_write_failed)
+            if w.done:
+                continue
+            if w.user is not None and not self.may_receive(w.user, q.name):
+                self._finish(w, [], DENIED)   # revoked while it waited (recheck_waiters answers the others)
+            else:   # noted: a failed journal write puts it back (_write_failed)
                 self._served.append((q.name, w, self._finish(w, self._lease(q, w.max, w.visibility, w.release,
                                                                             w.holder, now))))
         if queued is not None and not queued:
             del self.waiters[q.name]
 
-    def _finish(self, w: Waiter, messages: list[dict]) -> dict:
+    def _finish(self, w: Waiter, messages: list[dict], error: dict | None = None) -> dict:
         w.done = True
         left = self._waiting[w.holder] - 1
         if left:
             self._waiting[w.holder] = left
         else:
             del self._waiting[w.holder]
-        result = {"ok": True, "messages": messages}
+        result = {"ok": True, "messages": messages} if error is None else dict(error)
         self._answer(w.reply, result)
         return result
+
+    def recheck_waiters(self) -> None:
+        """Users or permissions changed: receivers waiting that may no longer receive from their queue are told
+        ``permission_denied`` now, before the change is acknowledged ("in force at once")."""
+        for name, queued in list(self.waiters.items()):
+            for w in queued:
+                if not w.done and w.user is not None and not self.may_receive(w.user, name):
+                    self._finish(w, [], DENIED)
 
     def _expire_waiters(self, name: str, now: int) -> None:
         queued = self.waiters.get(name)
