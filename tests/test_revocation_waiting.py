@@ -106,3 +106,53 @@ def test_the_owner_asks_again_when_it_hands_messages_over(tmp_path):
         shard.journal.close()
 
     asyncio.run(main())
+
+
+def test_a_queue_group_member_narrowed_is_passed_over_not_dropped(start_broker):
+    """Finding A8: after one member of a queue group may no longer receive a subject, the group's messages on it
+    all go to the members that may (they were picked round-robin and half were dropped)."""
+    config = {"security": {"enabled": True, "iterations": 1000,
+                           "admin_user": {"username": "admin", "password": "adminpw", "permissions": ["admin"]},
+                           "users": [{"username": "alice", "password": "alicepw",
+                                      "permissions": ["publish:chat.*", "subscribe:chat.*"]}]}}
+    broker = start_broker(workers=3, config=config)
+
+    async def run():
+        url = f"127.0.0.1:{broker.ports['nats']}"
+        members = {}
+        got: dict[str, list] = {"alice": [], "admin": []}
+        for user in ("alice", "admin"):
+            for _ in range(2):   # two members each, spread over the workers
+                nc = await nats.connect(f"nats://{user}:{user}pw@{url}", allow_reconnect=False)
+
+                async def cb(msg, user=user):
+                    got[user].append(msg.data)
+                await nc.subscribe("chat.*", queue="grp", cb=cb)
+                await nc.flush()
+                members.setdefault(user, []).append(nc)
+        publisher = members["admin"][0]
+        for i in range(100):
+            await publisher.publish("chat.room2", b"%d" % i)
+        await publisher.flush()
+        await asyncio.sleep(0.3)
+        assert len(got["alice"]) + len(got["admin"]) == 100 and got["alice"], got
+        with Raw(broker.port) as admin:
+            _login(admin, "admin", "adminpw")
+            assert admin.request({"op": "admin.set_permissions", "user": "alice",
+                                  "permissions": ["subscribe:chat.room1"]}) == {"ok": True}
+        for user in got:
+            got[user].clear()
+        for i in range(100):
+            await publisher.publish("chat.room2", b"%d" % i)
+            await publisher.publish("chat.room1", b"r1-%d" % i)
+        await publisher.flush()
+        await asyncio.sleep(0.5)
+        assert sorted(m for m in got["admin"] if not m.startswith(b"r1")) == sorted(b"%d" % i for i in range(100))
+        assert all(m.startswith(b"r1-") for m in got["alice"]) and got["alice"]   # still a member for room1
+        assert len(got["alice"]) + len([m for m in got["admin"] if m.startswith(b"r1")]) == 100
+        for ncs in members.values():
+            for nc in ncs:
+                await nc.close()
+
+    asyncio.run(run())
+    assert broker.varz()["workers"] and sum(w.get("queue_dropped", 0) for w in broker.varz()["workers"]) == 0

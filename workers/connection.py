@@ -418,6 +418,10 @@ class Connection(asyncio.Protocol):
             if not self.user.permissions.may_subscribe(sub.subject):
                 del self.subs[key]
                 self.hub.unsubscribe(sub)
+            elif sub.queue is not None and self.hub.queues.user_of(sub) != self.user.name:
+                # a queue-group member is picked by the user it names: announced again, as the new one
+                self.hub.unsubscribe(sub)
+                self.hub.subscribe(sub, lambda: None)
         self.hub.subscription_changed()
 
     def certificate_user(self) -> "User | None":

@@ -653,7 +653,7 @@ class Hub:
         """This worker owns the subject: one member per queue group, wherever the members are.  -> whether some
         went to another worker."""
         if route.groups is None:
-            route.groups = self.queues.groups(route.subject)
+            route.groups = self.queues.groups(route.subject, self._member_may_receive if self.auth.enabled else None)
         _, origin_worker, origin_cid, no_echo = dispatch
         forwarded = False
         for worker, members in self.queues.pick(route.groups, origin_worker, origin_cid, no_echo).items():
@@ -663,6 +663,12 @@ class Hub:
                 self.fabric.send(worker, (route.subject, kind, payload, reply, headers, ("m", members)))
                 forwarded = True
         return forwarded
+
+    def _member_may_receive(self, name: str, subject: str) -> bool:
+        """Whether user ``name`` may receive ``subject`` now, by this worker's copy of the users (which has every
+        change before it is acknowledged): queue-group members are picked among those that may."""
+        user = self.auth.registry.get(name)
+        return user is not None and user.permissions.may_receive(subject)
 
     def _deliver_members(self, subject: str, kind: int, payload: bytes, reply: str | None, headers: bytes | None,
                          members: list) -> None:

@@ -6,13 +6,15 @@ hands the message to the owner, the owner picks one member per group name, round
 to each picked member's worker.  As in nats-server, members of one group name form one group across patterns
 (``SUB jobs.* w`` and ``SUB jobs.> w`` share the group ``w``), and plain subscribers are served before queue ones.
 
-A member is ``(group, worker, cid, sid)``: enough for the owner to address it and for its worker to find it.
+A member is ``(group, worker, cid, sid, user)``: enough for the owner to address it and for its worker to find it,
+and the name of the user it receives as (None with security off), so that the owner picks only among members that
+may receive the subject now: one member's permission narrowed must not make the group drop its share.
 """
 
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from router.subjects import covers
 from router.sublist import Sublist
@@ -20,7 +22,8 @@ from router.sublist import Sublist
 if TYPE_CHECKING:
     from .hub import Subscription
 
-Member = tuple  # (group: str, worker: int, cid: int, sid: bytes)
+Member = tuple  # (group: str, worker: int, cid: int, sid: bytes, user: str | None)
+MayReceive = Callable[[str, str], bool]   # (user name, subject): whether that user may receive it now
 
 
 class Group:
@@ -34,27 +37,35 @@ class Group:
         self.next = random.randrange(len(members))  # spread even when routes are rebuilt often
 
 
+def _order(member: Member) -> tuple:
+    return member[:4]   # a user of None sorts with names
+
+
 class QueueTable:
     def __init__(self, index: int) -> None:
         self.index = index
         self.trie = Sublist()
         self.local: dict[tuple[int, bytes], "Subscription"] = {}
+        self._members: dict[tuple[int, bytes], Member] = {}   # as announced
         self._local_by_group: dict[str, list["Subscription"]] = {}
         self._by_peer: dict[int, set[tuple[str, Member]]] = {}
 
     # -- membership -----------------------------------------------------------------------------------------
     def add_local(self, sub: "Subscription") -> Member:
-        member = (sub.queue, self.index, sub.conn.cid, sub.sid)
+        user = sub.conn.user
+        member = (sub.queue, self.index, sub.conn.cid, sub.sid, user.name if user is not None else None)
         self.trie.insert(sub.subject, member)
         self.local[(sub.conn.cid, sub.sid)] = sub
+        self._members[(sub.conn.cid, sub.sid)] = member
         self._local_by_group.setdefault(sub.queue, []).append(sub)
         return member
 
     def remove_local(self, sub: "Subscription") -> Member | None:
-        member = (sub.queue, self.index, sub.conn.cid, sub.sid)
-        if not self.trie.remove(sub.subject, member):
+        key = (sub.conn.cid, sub.sid)
+        member = self._members.get(key)
+        if self.local.get(key) is not sub or not self.trie.remove(sub.subject, member):
             return None
-        self.local.pop((sub.conn.cid, sub.sid), None)
+        del self.local[key], self._members[key]
         peers = self._local_by_group.get(sub.queue, [])
         if sub in peers:
             peers.remove(sub)
@@ -62,9 +73,14 @@ class QueueTable:
             self._local_by_group.pop(sub.queue, None)
         return member
 
+    def user_of(self, sub: "Subscription") -> str | None:
+        """The user a local member was announced as."""
+        member = self._members.get((sub.conn.cid, sub.sid))
+        return member[4] if member is not None else None
+
     def snapshot(self) -> list[tuple[str, Member]]:
         """This worker's members, for a peer that says hello."""
-        return [(sub.subject, (sub.queue, self.index, cid, sid)) for (cid, sid), sub in self.local.items()]
+        return [(sub.subject, self._members[key]) for key, sub in self.local.items()]
 
     def add_remote(self, peer: int, pattern: str, member: Member) -> bool:
         member = tuple(member)
@@ -88,11 +104,16 @@ class QueueTable:
     def matches(self, subject: str) -> bool:
         return bool(self.trie.match(subject))
 
-    def groups(self, subject: str) -> list[Group]:
+    def groups(self, subject: str, may_receive: MayReceive | None = None) -> list[Group]:
+        """The groups matching ``subject``, each of the members that may receive it (``may_receive``; None:
+        security off); a group none of whose members may is no group for this subject."""
         by_name: dict[str, set] = {}
         for member in self.trie.match(subject):
+            user = member[4]
+            if may_receive is not None and (user is None or not may_receive(user, subject)):
+                continue
             by_name.setdefault(member[0], set()).add(member)
-        return [Group(name, tuple(sorted(members))) for name, members in sorted(by_name.items())]
+        return [Group(name, tuple(sorted(members, key=_order))) for name, members in sorted(by_name.items())]
 
     @staticmethod
     def pick(groups: list[Group], origin_worker: int, origin_cid: int, no_echo: bool) -> dict[int, list]:
