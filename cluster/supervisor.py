@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from router import shardmap
 from workers import speedups
 
-from . import control, runtime, systemd, tls
+from . import control, datadir, runtime, systemd, tls
 from .acceptor import Acceptor, Listener, bind
 from .admission import PER_ADDRESS, Admission
 from .command_socket import CommandServer
@@ -84,6 +84,7 @@ class Supervisor:
         self.nworkers = config.workers.resolved_count()
         self.slots: list[WorkerSlot | None] = [None] * self.nworkers
         self.runtime_dir = ""
+        self._data_dir_lock: int | None = None   # held for the process's life (cluster.datadir)
         self.listeners: list[Listener] = []
         self.acceptor: Acceptor | None = None
         self.admission = Admission(lambda: self.config.limits)
@@ -137,6 +138,15 @@ class Supervisor:
             log.info("%s", line)
         for line in tls.warnings(self.config, self.tls_material):
             log.warning("%s", line)
+        queues = self.config.queues
+        if queues.data_dir and queues.journal:
+            try:
+                self._data_dir_lock = datadir.lock(queues.data_dir)
+            except datadir.DataDirInUse as exc:
+                return self._failed(str(exc), errno.EBUSY, EXIT_FAILED)
+            except OSError as exc:
+                return self._failed(f"queues.data_dir {queues.data_dir}: {exc.strerror or exc}",
+                                    exc.errno or errno.EIO, EXIT_FAILED)
         try:
             self.listeners = self._bind(self._adopt(systemd.listen_fds()))
         except systemd.ActivationError as exc:

@@ -13,7 +13,7 @@ import zlib
 
 import pytest
 
-from harness import NatsFrames, nats_on_worker, pid_alive
+from harness import NatsFrames, Raw, nats_on_worker, pid_alive
 
 N = 2000
 
@@ -532,3 +532,26 @@ def test_reading_unknown_queues_creates_nothing(start_broker):
 
     asyncio.run(run())
     assert broker.http("/queuez")[1]["total"] == 0
+
+
+def test_a_second_broker_on_the_same_data_dir_refuses_to_start(start_broker, tmp_path):
+    """Finding M3: two brokers on one queues.data_dir appended to the same journals, and one's acknowledged pushes
+    were gone at the next start.  The second refuses, in one line naming the holder; once the first is gone (a
+    kill -9 included), the directory is free again and everything acknowledged comes back."""
+    config = {"queues": {"data_dir": str(tmp_path / "shared-queues")}}
+    first = start_broker(workers=2, config=config)
+    with Raw(first.port) as c:
+        for i in range(3):
+            assert c.request({"op": "qpush", "queue": "s", "data": f"A{i}"})["ok"]
+    with pytest.raises(RuntimeError) as refused:
+        start_broker(workers=2, config=config)
+    text = str(refused.value)
+    assert f"queues.data_dir {tmp_path / 'shared-queues'} is in use by another broker (pid {first.proc.pid})" \
+        in text
+    assert "Traceback" not in text and "ready:" not in text
+    assert "exited with 1" in text
+    first.kill()
+    again = start_broker(workers=2, config=config)
+    with Raw(again.port) as c:
+        got = c.request({"op": "qrecv", "queue": "s", "max": 10})
+        assert [m["data"] for m in got["messages"]] == ["A0", "A1", "A2"]
