@@ -59,11 +59,22 @@ def parse(stored: str) -> tuple[int, bytes, bytes]:
     return iterations, salt, dk
 
 
-def verify(stored: str, password: str) -> bool:
-    """Constant-time check of ``password`` against ``stored``."""
+def verify(stored: str, password: str, cost: int = 0) -> bool:
+    """Constant-time check of ``password`` against ``stored``, made to take at least ``cost`` iterations whatever
+    ``stored`` takes (the rest spent on nothing), so that hashes of different costs take the same time."""
     iterations, salt, dk = parse(stored)
     candidate = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, iterations, dklen=len(dk))
+    if cost > iterations:
+        hashlib.pbkdf2_hmac("sha256", password.encode(), salt, cost - iterations, dklen=len(dk))
     return hmac.compare_digest(candidate, dk)
+
+
+def cost_of(stored: str) -> int:
+    """The iterations ``stored`` takes to check (0 if it is not a hash of ours)."""
+    try:
+        return parse(stored)[0]
+    except HashFormatError:
+        return 0
 
 
 def dummy_hash(iterations: int) -> str:

@@ -31,7 +31,7 @@ log = logging.getLogger("broker.reload")
 RUNTIME_KEYS = (
     "security.admin_user", "security.users", "security.no_auth_user", "security.iterations",
     "security.auth_timeout", "security.max_auth_failures", "security.failures_per_address",
-    "security.failure_window", "security.block_duration",
+    "security.failure_window", "security.block_duration", "security.checks_per_address",
     "limits.", "logging.level", "shutdown.", "workers.heartbeat_timeout",
     # TLS: every key, the shared section's and each listener's (true/false, or its object's keys)
     "tls.", "network.tls", "network.tls.", "nats.tls", "nats.tls.", "bridge.tls", "bridge.tls.", "qlite.tls",

@@ -16,15 +16,14 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import os
 import stat
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
-from . import passwords, users
+from . import users
+from .attempts import Attempts
 from .config import Config, has_plaintext_passwords, has_qlite_secrets
 
 
@@ -53,15 +52,13 @@ class SecurityManager:
         hashing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hash-config")
         self._configured: Future[users.Registry] = hashing.submit(users.from_config, config.security)
         hashing.shutdown(wait=False)
-        self.dummy_hash = passwords.dummy_hash(config.security.iterations)
         self.version = 0
         self._pending: dict[int, tuple[set[int], asyncio.Future]] = {}
-        self._failures: dict[str, collections.deque[float]] = {}
-        self._blocked: dict[str, float] = {}
+        self.attempts = Attempts(lambda: self.settings, self._block)
 
-    def worker_state(self) -> tuple[list[dict], str]:
-        """What a new worker starts with: the registry as it is now, and the dummy hash."""
-        return self.registry.snapshot(), self.dummy_hash
+    def worker_state(self) -> list[dict]:
+        """What a new worker starts with: the registry as it is now."""
+        return self.registry.snapshot()
 
     async def load_configured_users(self) -> None:
         """Once the configured passwords are hashed: the configured users, here and on every live worker (the
@@ -106,9 +103,11 @@ class SecurityManager:
             self._settle(pending, slot.index)
 
     def worker_gone(self, index: int) -> None:
-        """A dead worker acknowledges nothing; its replacement starts from the current registry."""
+        """A dead worker acknowledges nothing, and ends none of its password checks; its replacement starts from
+        the current registry."""
         for pending in list(self._pending.values()):
             self._settle(pending, index)
+        self.attempts.worker_gone(index)
 
     @staticmethod
     def _settle(pending: tuple[set[int], asyncio.Future], index: int) -> None:
@@ -127,25 +126,14 @@ class SecurityManager:
         warn_if_open_admin(config, registry)
         log.info("%d user(s) reloaded from %s", len(registry.users), config.source)
 
-    # -- failures per address -------------------------------------------------------------------------------
+    # -- failures per address (cluster.attempts) -------------------------------------------------------------
     def auth_failure(self, address: str) -> None:
-        now = time.monotonic()
-        window = self.settings.failure_window
-        times = self._failures.setdefault(address, collections.deque())
-        times.append(now)
-        while times and now - times[0] > window:
-            times.popleft()
-        if len(times) >= self.settings.failures_per_address and self._blocked.get(address, 0) <= now:
-            duration = self.settings.block_duration
-            self._blocked[address] = now + duration
-            times.clear()
-            log.warning("%s: %d failed authentications within %gs; blocking it for %gs",
-                        address, self.settings.failures_per_address, window, duration)
-            for slot in self.sup.live_slots():
-                slot.channel.send({"k": "block", "ip": address, "seconds": duration})
-        if len(self._failures) > 10_000:  # bounded memory under a spray of addresses
-            self._failures = {a: t for a, t in self._failures.items() if t and now - t[-1] <= window}
-            self._blocked = {a: u for a, u in self._blocked.items() if u > now}
+        """An authentication from ``address`` failed without a password check (a refused hash, say)."""
+        self.attempts.failure(address)
+
+    def _block(self, address: str, seconds: float) -> None:
+        for slot in self.sup.live_slots():
+            slot.channel.send({"k": "block", "ip": address, "seconds": seconds})
 
 
 def warn_if_open_admin(config: Config, registry: users.Registry) -> None:

@@ -491,11 +491,23 @@ class Supervisor:
             self.security.acknowledged(slot, int(msg.get("v", 0)))
         elif kind == "auth_fail":
             self.security.auth_failure(str(msg.get("ip")))
+        elif kind == "auth_begin":   # may this worker check a password from that address now? (it may wait)
+            asyncio.ensure_future(self._auth_begin(slot, msg))
+        elif kind == "auth_end":
+            self.security.attempts.end(slot.index, str(msg.get("ip")), bool(msg.get("failed")))
         elif kind == "ldm_done":
             slot.ldm_done = True
             self._signals.put_nowait(0)  # the main loop checks whether every worker is done
         else:
             log.error("unknown message %r from worker %d", kind, slot.index)
+
+    async def _auth_begin(self, slot: WorkerSlot, msg: dict) -> None:
+        address = str(msg.get("ip"))
+        ok = await self.security.attempts.begin(slot.index, address)
+        if ok and self.slots[slot.index] is not slot:   # it died while it waited: nobody will end that check
+            self.security.attempts.end(slot.index, address, failed=False)
+            return
+        slot.channel.send({"k": "reply", "req": msg.get("req"), "data": {"ok": ok}})
 
     def _on_worker_exit(self, slot: WorkerSlot) -> None:
         loop = asyncio.get_running_loop()

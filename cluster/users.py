@@ -51,9 +51,20 @@ class Registry:
     def __init__(self, users: list[User] | None = None) -> None:
         self.users: dict[str, User] = {u.name: u for u in users or []}
         self._by_cert: dict[tuple[str, str], str] | None = None   # built when first needed, dropped on a change
+        self._cost: int | None = None   # hash_cost, likewise
 
     def get(self, name: str) -> User | None:
         return self.users.get(name)
+
+    def hash_cost(self) -> int:
+        """The most PBKDF2 iterations any stored password hash takes (0: none has one).  Every password check
+        is made to cost this much, known user or not (``passwords.verify``'s ``cost``): a hash made at another
+        cost (a ``password_hash`` from ``brokerctl hash-password``, a reload that changed ``iterations``) would
+        otherwise tell by its time which names exist."""
+        if self._cost is None:
+            self._cost = max((passwords.cost_of(u.password_hash) for u in self.users.values() if u.password_hash),
+                             default=0)
+        return self._cost
 
     def by_certificate(self, peercert: dict | None) -> tuple[User, str] | None:
         """The user the first name a verified client certificate proves belongs to (in nats-server's order:
@@ -95,14 +106,16 @@ class Registry:
             return None
         if user is None:
             return "unknown_user"
-        if user.builtin and (op == "delete" or (op == "permissions" and "admin" not in change["permissions"])):
-            return "protected_user"
+        if user.builtin and (op in ("delete", "password")
+                             or (op == "permissions" and "admin" not in change["permissions"])):
+            return "protected_user"   # the configuration's: changed there (and a reload), or nobody may lock it
         return None
 
     def apply(self, change: dict) -> set[str]:
         """Apply a checked change; -> the names that no longer exist."""
         op = change["op"]
         self._by_cert = None
+        self._cost = None
         if op == "replace":
             new = {e["user"]: _user(e) for e in change["users"]}
             gone = set(self.users) - set(new)

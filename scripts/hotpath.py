@@ -22,7 +22,6 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from cluster import passwords  # noqa: E402
 from cluster.config import load  # noqa: E402
 from workers.auth import Authenticator  # noqa: E402
 from workers.hub import Hub  # noqa: E402
@@ -61,7 +60,7 @@ class NullTransport:
 
 async def run(protocol: str, subscribers: int, messages: int, size: int, profile: bool) -> None:
     cfg = load(None)
-    hub = Hub(0, 1, cfg, Authenticator(cfg.security, [], passwords.dummy_hash(1000)))
+    hub = Hub(0, 1, cfg, Authenticator(cfg.security, []))
     hub.server_info = {"server_id": "hotpath"}
     session = NatsSession if protocol == "nats" else NdjsonSession
     sessions = []

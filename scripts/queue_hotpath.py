@@ -41,7 +41,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import orjson  # noqa: E402
 
-from cluster import passwords  # noqa: E402
 from cluster.config import load  # noqa: E402
 from workers import workqueues  # noqa: E402
 from workers.auth import Authenticator  # noqa: E402
@@ -132,7 +131,7 @@ async def run(opts, tmp: str) -> None:
     with open(cfg_path, "w") as fh:
         fh.write(orjson.dumps(raw).decode())
     cfg = load(cfg_path)
-    auth = Authenticator(cfg.security, [], passwords.dummy_hash(1000))
+    auth = Authenticator(cfg.security, [])
     hubs = [Hub(i, 2, cfg, auth) for i in range(2)]
     for hub in hubs:
         hub.server_info = {"server_id": "queue-hotpath"}

@@ -5,7 +5,6 @@ in the queue, and whichever worker owns the queue asks again at the moment it ha
 
 import asyncio
 import json
-import time
 
 import nats
 

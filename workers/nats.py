@@ -24,6 +24,7 @@ import orjson
 from router.subjects import covers, is_valid_pattern
 
 from . import nats_codec as codec
+from .auth import RateLimited
 from .connection import Connection
 from .hub import Hub, Subscription
 from .message import KIND_RAW
@@ -313,10 +314,11 @@ class NatsSession(Connection):
         if self.hub.auth.is_blocked(self.peer[0]):
             self._fail(ERR_AUTH_VIOLATION)
             return
+        auth = self.hub.auth
         if isinstance(user, str) and user and isinstance(password, str):
-            check = self.hub.auth.verify(user, password)
+            check = auth.attempt(self.peer[0], lambda: auth.verify(user, password))
         elif isinstance(token, str) and token:
-            check = self.hub.auth.verify_token(token)
+            check = auth.attempt(self.peer[0], lambda: auth.verify_token(token))
         else:
             self._fail(ERR_AUTH_VIOLATION)
             return
@@ -326,13 +328,14 @@ class NatsSession(Connection):
     async def _authenticate(self, check) -> None:
         try:
             user = await check
+        except RateLimited:
+            user = None
         except Exception:
             log.exception("password check failed on connection %d", self.cid)
             user = None
         if self.closed:
             return
-        if user is None:
-            self.hub.auth_failed(self.peer[0])
+        if user is None:   # nats-server has no word for a refusal of the address: the same violation
             self._fail(ERR_AUTH_VIOLATION)
             return
         if not await self.hub.claim(self, user.name):

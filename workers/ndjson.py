@@ -22,6 +22,7 @@ from router.subjects import is_valid_literal, is_valid_pattern
 
 from . import admin
 from . import ndjson_codec as codec
+from .auth import RateLimited
 from .connection import Connection
 from .hub import Hub, Subscription
 from .message import KIND_JSON
@@ -335,11 +336,16 @@ class NdjsonSession(Connection):
         self._suspend(self._authenticate(req, name, password))
 
     async def _authenticate(self, req: dict, name: str, password: str) -> bytes | None:
-        user = await self.hub.auth.verify(name, password)
+        auth = self.hub.auth
+        try:
+            user = await auth.attempt(self.peer[0], lambda: auth.verify(name, password))
+        except RateLimited:
+            if not self.closed:
+                self._auth_failed(req, "rate_limited")
+            return None
         if self.closed:
             return None
         if user is None:
-            self.hub.auth_failed(self.peer[0])
             self._auth_failed(req, "auth_failed")
             return None
         if not await self.hub.claim(self, user.name):

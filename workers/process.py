@@ -66,7 +66,7 @@ def main(index: int, epoch: int, workers: int, config: Config, runtime_dir: str,
     _die_with_parent()
     setup_logging(config.logging, f"worker {index}")
     worker = Worker(index, epoch, workers, config, runtime_dir, ctl_sock,
-                    Authenticator(config.security, *security_state), server_info, tls_material or {})
+                    Authenticator(config.security, security_state), server_info, tls_material or {})
     try:
         code = _run(worker.run(), config.workers.event_loop)
     except Exception:
@@ -164,6 +164,8 @@ class Worker:
         self.hub.server_info = self.server_info
         self.hub.supervisor_request = self._request
         self.hub.auth_failed = lambda address: self.ctl.send({"k": "auth_fail", "ip": address})
+        self.auth.begin = self._may_check
+        self.auth.end = lambda address, failed: self.ctl.send({"k": "auth_end", "ip": address, "failed": failed})
         self.hub.report_closed = self._report_closed
         self.hub.hand_over = lambda message, sock: self.ctl.send(message, sock=sock)
         self.hub.queue_service = workqueues.start(self.index, cfg, self.runtime_dir, self.hub)
@@ -249,6 +251,10 @@ class Worker:
             return
         self.lame_duck = LameDuck(self.hub, grace, window, total, done)
         self.lame_duck.start()
+
+    async def _may_check(self, address: str) -> bool:
+        """The supervisor's leave to check a password from ``address`` (cluster.attempts), which may wait."""
+        return bool((await self._request({"k": "auth_begin", "ip": address})).get("ok"))
 
     async def _request(self, message: dict, timeout: float = 30.0) -> dict:
         """Ask the supervisor and wait for its reply."""

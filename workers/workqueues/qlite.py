@@ -35,6 +35,7 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Callable
 
+from workers.auth import RateLimited
 from workers.connection import Connection
 from workers.message import KIND_RAW, as_bytes
 
@@ -251,18 +252,23 @@ class QliteSession(Connection):
         # No user or no secret: a check of the same cost against a random secret, so the answer's time and text
         # say nothing about which names exist.
         key = secret.encode() if secret is not None else os.urandom(24)
+        hub = self.hub
+
+        async def check() -> bool:
+            ok = await hub.loop.run_in_executor(_bcrypt_pool(), _check, self, key, self._challenge, hashed)
+            # The registry may have changed during the check: the answer holds for the user as it is now.
+            return (ok and user is not None and secret is not None and hub.auth.registry.get(user.name) is user
+                    and user.qlite_secret == secret)
         try:
-            ok = await self.hub.loop.run_in_executor(_bcrypt_pool(), _check, self, key, self._challenge, hashed)
+            ok = await hub.auth.attempt(self.peer[0], check)
+        except RateLimited:
+            ok = False
         except Exception:
             log.exception("qlite login check failed on connection %d", self.cid)
             ok = False
         if self.closed:
             return
-        hub = self.hub
-        # The registry may have changed during the check: the answer holds for the user as it is now.
-        if (not ok or user is None or secret is None or hub.auth.registry.get(user.name) is not user
-                or user.qlite_secret != secret):
-            hub.auth_failed(self.peer[0])
+        if not ok:
             self._fatal(codec.AUTH_INVALID)
             return
         if not self._may(role, user):
