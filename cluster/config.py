@@ -249,7 +249,9 @@ class QueuesConfig:
 @dataclass(frozen=True)
 class MonitoringConfig:
     enabled: bool = True
-    bind: str | None = None
+    # Loopback whatever the client listeners bind to: /connz lists every client's address, user and subjects,
+    # to anyone who reaches the port (it has no login).  Exposing it is a decision of its own (tls.warnings).
+    bind: str = "127.0.0.1"
     port: int = _port(8222)
     tls: ListenerTls = False   # HTTPS, served by the supervisor
 

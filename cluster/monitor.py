@@ -67,11 +67,11 @@ class Monitor:
 
     async def start(self, sock=None) -> None:
         cfg = self.sup.config
-        self.address = await self._http.start(cfg.bind_for(cfg.monitoring.bind), cfg.monitoring.port, sock)
+        self.address = await self._http.start(cfg.monitoring.bind, cfg.monitoring.port, sock)
 
     def describe(self) -> str:
         host, port = self.address
-        return f"{host}:{port}"
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"   # as the client listeners write theirs
 
     def _tls(self) -> tuple[Any, float] | None:
         """HTTPS for the next connection (monitoring.tls), with the contexts of the last reload."""

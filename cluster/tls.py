@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import os
 import socket
 import ssl
@@ -137,9 +138,16 @@ def expiry(pem: str) -> float | None:
 
 
 def warnings(config: Config, material: Material, now: float | None = None) -> list[str]:
-    """What an operator should hear about the certificates: expired, or expiring within two weeks."""
+    """What an operator should hear about the certificates (expired, or expiring within two weeks), and about a
+    monitoring port that anyone beyond this machine may read."""
     now = time.time() if now is None else now
     out = []
+    mon = config.monitoring
+    settings = tls_settings(config, "monitoring")
+    if mon.enabled and not _is_loopback(mon.bind) and (settings is None or not settings.verify):
+        out.append(f"monitoring listens on {mon.bind} without TLS client certificates: anyone who reaches it "
+                   f"reads /connz (every client's address, user name and subjects); bind it to 127.0.0.1 (the "
+                   f"default), or set monitoring.tls with verify and a ca")
     for path in sorted({s.cert for s in enabled(config)}):
         ends = expiry(material.get(path, ""))
         if ends is None:
@@ -150,6 +158,13 @@ def warnings(config: Config, material: Material, now: float | None = None) -> li
         elif ends - now < _EXPIRY_WARNING:
             out.append(f"TLS certificate {path} expires on {when}")
     return out
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 # -- the accepting side: a socket handed over, its first byte, its handshake ------------------------------------

@@ -61,3 +61,26 @@ def test_healthz_reports_an_unresponsive_worker(start_broker):
     finally:
         os.kill(b.pids[0], signal.SIGCONT)
     assert b.http("/healthz")[0] == 200
+
+
+def test_monitoring_stays_on_loopback_when_the_client_listeners_do_not(start_broker):
+    """Finding A9: monitoring.bind followed network.bind, so binding the clients elsewhere also served /connz
+    (addresses, users, subjects) there, unauthenticated.  It defaults to 127.0.0.1; the ready line brackets an
+    IPv6 address as the client listeners' do."""
+    b = start_broker(workers=1, args=["--bind", "::1"])
+    ready = b.wait_log(r"ready: .*").group(0)
+    assert f"ndjson=[::1]:{b.port}" in ready and f"monitoring=127.0.0.1:{b.ports['monitoring']}" in ready
+    assert b.http("/healthz")[0] == 200
+    ipv6 = start_broker(workers=1, config={"monitoring": {"bind": "::1"}})
+    assert f"monitoring=[::1]:{ipv6.ports['monitoring']}" in ipv6.wait_log(r"ready: .*").group(0)
+    assert "without TLS client certificates" not in ipv6.log()   # loopback: nothing to warn about
+
+
+def test_a_monitoring_port_beyond_loopback_without_client_certificates_is_warned_about():
+    from cluster import tls
+    from cluster.config import load
+
+    for bind, warned in (("127.0.0.1", False), ("::1", False), ("0.0.0.0", True), ("192.0.2.7", True)):
+        said = tls.warnings(load(None, {"monitoring.bind": bind}), {})
+        assert any("monitoring listens on" in line for line in said) is warned, (bind, said)
+    assert load(None).monitoring.bind == "127.0.0.1"
