@@ -498,3 +498,27 @@ def test_polling_at_1_hz_costs_the_broker_little(start_broker):
     finally:
         for c in conns:
             c.close()
+
+
+def test_client_chosen_names_and_subjects_reach_the_terminal_escaped(start_broker):
+    """Finding A10: a NATS client's name and a subject may hold ESC; `top --once -o csv` printed them raw (a
+    screen clear, an OSC 52 clipboard write).  Every control character is written as \\xNN instead."""
+    broker = start_broker(workers=1)
+    evil = "svc\x1b[2J\x1b]52;c;cm0gLXJmIH4K\x07"
+    s = socket.create_connection(("127.0.0.1", broker.ports["nats"]), timeout=5)
+    s.sendall(('CONNECT {"verbose":false,"name":%s}\r\n' % json.dumps(evil)).encode()
+              + b"SUB evil.\x1b[31m 1\r\n" + b"PUB evil.\x1b[31m 1\r\nx\r\n" * 3 + b"PING\r\n")
+    got = b""
+    while b"PONG" not in got:
+        got += s.recv(65536)
+    time.sleep(1.2)   # the subject counters reach their owner once a second
+    try:
+        for view in ("connections", "subjects"):
+            res = top_once(broker, "--format", "csv", "--view", view, "-d", "0.2")
+            assert res.returncode == 0, res.stderr
+            assert not any(ch in res.stdout for ch in "\x1b\x07\x9b"), res.stdout
+            assert ("svc\\x1b[2J\\x1b]52;c;cm0gLXJmIH4K\\x07" if view == "connections" else "evil.\\x1b[31m") \
+                in res.stdout, res.stdout
+    finally:
+        s.close()
+    assert model.human("a\x1bb\x00", "str") == "a\\x1bb\\x00"

@@ -607,7 +607,20 @@ def snapshot_csv(snap: Snapshot, view: View, sort: str, limit: int) -> str:
 
 
 def _csv_value(v: Any) -> Any:
+    if isinstance(v, str):
+        return printable(v)
     return round(v, 3) if isinstance(v, float) else v
+
+
+# C0 and C1 controls, DEL included: what a terminal would act on (ESC starts CSI and OSC sequences; OSC 52 writes
+# the clipboard).  Client names and subjects may hold them (nats-server allows any non-space byte in a subject).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character written as ``\\xNN``: what clients chose (names, subjects, queue
+    names) reaches a terminal as text, never as commands to it."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 # -- formatting, for the console --------------------------------------------------------------------------------
@@ -616,7 +629,7 @@ def human(v: Any, kind: str, raw: bool = False) -> str:
     if v is None:
         return "-"
     if kind == "str":
-        return str(v)
+        return printable(str(v))
     if raw:
         return f"{v:.1f}" if isinstance(v, float) else str(v)
     if kind == "pct":
