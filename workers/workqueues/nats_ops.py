@@ -27,9 +27,10 @@ from router.subjects import is_valid_literal
 from workers.message import KIND_RAW, as_bytes
 from workers.nats_codec import Outgoing
 
+from . import fields as known
 from .model import D_DATA, D_DELIVERIES, D_ID, D_KIND, D_RECEIPT, MS
 from .service import PUSH_WORK, allowed
-from .shard import MAX_BATCH
+from .shard import MAX_BATCH, MAX_WAIT_MS
 
 if TYPE_CHECKING:
     from workers.hub import Hub, Subscription
@@ -61,14 +62,22 @@ def _json(payload: bytes) -> dict:
     return body if type(body) is dict else {"__invalid__": True}
 
 
-def _ack_args(verb: bytes, args: dict) -> tuple[str, dict] | None:
-    """JetStream's ack payloads -> (op, args)."""
+def _ack_args(verb: bytes, args: dict) -> tuple[str, dict] | dict | None:
+    """JetStream's ack payloads -> (op, args); a refusal (dict) for a -NAK body it cannot take; None: no verb."""
     word, _, rest = verb.strip().partition(b" ")
     if word in (b"", b"+ACK"):
         return "ack", args
     if word == b"-NAK":
-        delay = _json(rest).get("delay", 0) if rest else 0
-        return "nack", dict(args, delay_ms=delay // MS if type(delay) is int and delay > 0 else 0)
+        body = _json(rest) if rest else {}
+        if "__invalid__" in body:
+            return {"ok": False, "error": "invalid_json"}
+        refusal = known.unknown(body, known.NATS["nack"])
+        if refusal is not None:
+            return refusal
+        delay = body.get("delay", 0)
+        if type(delay) is not int or delay < 0:
+            return {"ok": False, "error": "invalid_delay", "min": 0}
+        return "nack", dict(args, delay_ms=delay // MS)
     if word == b"+WPI":
         return "extend", args
     if word == b"+TERM":
@@ -100,8 +109,8 @@ def handle(session: "NatsSession", subject_b: bytes, reply_b: bytes | None, head
             queue, _, receipt = queue.rpartition(".")
         args["receipt"] = receipt
         mapped = _ack_args(payload, args)
-        if mapped is None:
-            _answer(session, reply, "", {"ok": False, "error": "invalid_ack"})
+        if mapped is None or type(mapped) is dict:
+            _answer(session, reply, "", mapped or {"ok": False, "error": "invalid_ack"})
             return
         op, args = mapped
     elif op == "push":
@@ -109,7 +118,8 @@ def handle(session: "NatsSession", subject_b: bytes, reply_b: bytes | None, head
         for header, key in (("q-priority", "priority"), ("q-delay", "delay_ms")):
             if header in hdrs:
                 value = hdrs[header]
-                args[key] = int(value) if value.isdigit() else value  # a non-number is refused by the shard
+                # ASCII digits only ("٣".isdigit() too); anything else is refused by the shard
+                args[key] = int(value) if value.isascii() and value.isdigit() else value
         if "nats-msg-id" in hdrs:   # JetStream's header for the same: a publish sent again is stored once
             args["dedup_id"] = hdrs["nats-msg-id"]
     else:
@@ -117,10 +127,21 @@ def handle(session: "NatsSession", subject_b: bytes, reply_b: bytes | None, head
         if "__invalid__" in body:
             _answer(session, reply, op, {"ok": False, "error": "invalid_json"})
             return
+        refusal = known.unknown(body, known.NATS[op])
+        if refusal is not None:
+            _answer(session, reply, op, refusal)
+            return
         if op == "recv":
             args["max"] = body.get("batch", 1)
-            expires = body.get("expires", 0)
-            args["wait_ms"] = 0 if body.get("no_wait") or type(expires) is not int else expires // MS
+            expires, no_wait = body.get("expires", 0), body.get("no_wait", False)
+            if type(no_wait) is not bool:
+                _answer(session, reply, op, {"ok": False, "error": "invalid_no_wait"})
+                return
+            if type(expires) is not int or expires < 0:   # 1e24 (beyond 64 bits) is a float: not a no-wait
+                _answer(session, reply, op, {"ok": False, "error": "invalid_wait", "min": 0,
+                                             "max": MAX_WAIT_MS * MS})
+                return
+            args["wait_ms"] = 0 if no_wait else expires // MS
             for key in ("visibility_ms", "release_on_close"):
                 if key in body:
                     args[key] = body[key]

@@ -22,14 +22,14 @@ from workers.connection import TURN_BUDGET, Connection
 from workers.message import KIND_JSON, as_json
 from workers.speedups import qpush_batch, unplain
 
-from . import core
+from . import core, fields as known
 from .service import PUSH_WORK, allowed
 from .shard import MAX_BATCH
 
 if TYPE_CHECKING:
     from workers.ndjson import NdjsonSession
 
-# request field -> the shard's argument, for each op (anything else in a request is ignored, as everywhere)
+# request field -> the shard's argument, for each op (anything else is refused first: fields.unknown)
 MAX_PIPELINED = 1024   # queue requests of one connection awaiting their replies before it waits for them
 
 _FIELDS = {
@@ -111,6 +111,9 @@ def _batch(line: bytes, req: dict, items: object) -> list | bytes:
     for i, item in enumerate(items):
         if type(item) is not dict:
             return codec.reply_with(req, {"ok": False, "error": "invalid_message", "index": i})
+        refusal = known.unknown(item, known.BATCH_ITEM)
+        if refusal is not None:
+            return codec.reply_with(req, dict(refusal, index=i))
     try:
         return _batch_data(line, items)
     except (orjson.JSONEncodeError, RecursionError):
@@ -131,6 +134,7 @@ def _batch_data(line: bytes, items: list) -> list:
 
 def _op(op: str) -> Callable[["NdjsonSession", dict, bytes], None]:
     fields = _FIELDS[op]
+    defined = known.ALLOWED[op]
     render = _pushed if op == "push" else _render
 
     def run(session: "NdjsonSession", req: dict, line: bytes) -> None:
@@ -140,6 +144,9 @@ def _op(op: str) -> Callable[["NdjsonSession", dict, bytes], None]:
             return
         if session._secure and not allowed(session.user.permissions, op, queue):
             session.send(codec.reply(req, "permission_denied"))
+            return
+        if not defined.issuperset(req):   # before anything is done
+            session.send(codec.reply_with(req, known.unknown(req, defined)))
             return
         if session.movable:   # its first queue request: to the queue's owner, if it holds nothing here
             to = moves.target(session, queue)

@@ -683,7 +683,9 @@ class Shard:
         count = _int(args, "max", 1, 1, MAX_BATCH)
         wait = _int(args, "wait_ms", 0, 0, MAX_WAIT_MS)
         visibility = _int(args, "visibility_ms", settings.visibility_ms, 0, settings.max_visibility_ms)
-        release = bool(args.get("release_on_close", False))
+        release = args.get("release_on_close", False)
+        if type(release) is not bool:   # "yes" was taken for true
+            raise QueueError("invalid_release_on_close")
         user = args.get("user")
         if user is not None and not self.may_receive(user, name):
             # checked here too, at the owner: a receive still on its way when the user's permission was revoked
