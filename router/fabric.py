@@ -482,6 +482,12 @@ class Fabric:
         self._release_waiters()
         self._check_congestion()
 
+    def unacked_for(self, peer: int) -> float:
+        """Seconds frames to ``peer`` have waited with no ack moving (0: none wait).  A live peer acknowledges at
+        least once a second, so seconds here mean it is stopped or stuck, before its heartbeat says so."""
+        since = self.links[peer].waiting_since
+        return time.monotonic() - since if since else 0.0
+
     def up_peers(self) -> list[int]:
         return [p for p, link in self.links.items() if link.up]
 

@@ -14,6 +14,7 @@ import zlib
 import pytest
 
 from harness import NatsFrames, Raw, nats_on_worker, pid_alive
+from harness import on_worker as raw_on_worker
 
 N = 2000
 
@@ -555,3 +556,36 @@ def test_a_second_broker_on_the_same_data_dir_refuses_to_start(start_broker, tmp
     with Raw(again.port) as c:
         got = c.request({"op": "qrecv", "queue": "s", "max": 10})
         assert [m["data"] for m in got["messages"]] == ["A0", "A1", "A2"]
+
+
+def test_a_stopped_owner_is_unavailable_after_two_seconds_not_after_its_heartbeat(start_broker):
+    """Finding A12: with the queue's owner SIGSTOPped, a request from another worker waited out the heartbeat
+    (10 s) until the owner was replaced.  An owner that acknowledges nothing for 2 s is treated as down: the
+    request gets queue_unavailable (retry) within the next second's check; once it runs again, so does the queue."""
+    broker = start_broker(workers=3, config={"workers": {"heartbeat_timeout": 60}})
+    with Raw(broker.port) as c:
+        owner = c.request({"op": "qstat", "queue": "jobs"})["stat"]["owner"]
+    other = next(w for w in range(3) if w != owner)
+    client = raw_on_worker(broker.port, other)
+    assert client.request({"op": "sub", "topic": "stay"}) == {"ok": True}   # stays on its worker
+    assert client.request({"op": "qpush", "queue": "jobs", "data": 1})["ok"]
+    pid = broker.pids[owner]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        client.send(b'{"op":"qpush","queue":"jobs","data":2}\n')
+        reply = client.json(timeout=15)
+        took = time.monotonic() - started
+        assert reply == {"ok": False, "error": "queue_unavailable", "retry": True}, reply
+        assert took < 4.5, took
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    deadline = time.monotonic() + 10
+    while True:
+        reply = client.request({"op": "qstat", "queue": "jobs"})
+        if reply.get("ok") or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert reply["ok"] and reply["stat"]["owner"] == owner
+    assert broker.pids[owner] == pid   # the same process: it was never replaced
+    client.close()
