@@ -205,8 +205,10 @@ def pid_alive(pid: int) -> bool:
 class Raw:
     """A raw TCP client for byte-exact protocol tests."""
 
-    def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 5.0) -> None:
-        self.sock = socket.create_connection((host, port), timeout=timeout)
+    def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 5.0, source: str | None = None) -> None:
+        """``source``: the address to connect from (another one of 127.0.0.0/8, to be another client address)."""
+        self.sock = socket.create_connection((host, port), timeout=timeout,
+                                             source_address=(source, 0) if source else None)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.buf = b""
         self.timeout = timeout

@@ -707,16 +707,16 @@ def test_connections_go_to_the_queues_owner(start_broker):
 
 
 def test_connections_in_their_handshake_are_capped_per_worker(start_broker):
-    from workers.workqueues.qlite import MAX_HANDSHAKES
+    from workers.workqueues.qlite import MAX_HANDSHAKES, MAX_HANDSHAKES_PER_ADDRESS
 
     b = start_broker(workers=1, config=qconfig())
     waiting = []
     try:
-        for _ in range(MAX_HANDSHAKES):
-            conn = Q(qport(b))
+        for i in range(MAX_HANDSHAKES):   # from as many addresses as the cap per address needs
+            conn = Q(qport(b), source=f"127.0.0.{10 + i // MAX_HANDSHAKES_PER_ADDRESS}")
             conn.greeting()
             waiting.append(conn)
-        with Q(qport(b)) as extra:
+        with Q(qport(b), source="127.0.0.200") as extra:
             assert extra.frame() == b"FAIL;error: the max amount of connections have already been connected"
             assert extra.closed()
         waiting.pop().close()                       # a place comes free
@@ -731,6 +731,28 @@ def test_connections_in_their_handshake_are_capped_per_worker(start_broker):
             assert length(pub) == 0
     finally:
         for conn in waiting:
+            conn.close()
+
+
+def test_one_address_holds_only_a_few_handshakes(start_broker):
+    """Finding A15: 70 idle connections from one address held every handshake seat (64), and every qlite login
+    was refused, again each time they reconnected."""
+    from workers.workqueues.qlite import MAX_HANDSHAKES_PER_ADDRESS
+
+    b = start_broker(workers=1, config=qconfig())
+    idle = []
+    try:
+        for _ in range(MAX_HANDSHAKES_PER_ADDRESS):
+            conn = Q(qport(b), source="127.0.0.7")
+            conn.greeting()
+            idle.append(conn)
+        for _ in range(62):   # the rest refused at once
+            with Q(qport(b), source="127.0.0.7") as extra:
+                assert extra.frame() == b"FAIL;error: the max amount of connections have already been connected"
+        with publisher(b) as pub:                   # from another address: in, at once
+            assert length(pub) == 0
+    finally:
+        for conn in idle:
             conn.close()
 
 

@@ -50,6 +50,9 @@ log = logging.getLogger("broker.qlite")
 
 PROTOCOL = "qlite"
 MAX_HANDSHAKES = 64          # per worker: connections between accept and PASS (each may cost one bcrypt check)
+# ... of which one address may hold this many: 70 idle connections from one address held every seat, and every
+# qlite client (all on the queue's owner) was refused until they timed out, again and again
+MAX_HANDSHAKES_PER_ADDRESS = 8
 HANDSHAKE_IOS = 3            # the handshake must be done within this many io_timeouts (as the original)
 MAX_DELAY_S = 43_200         # NACK's delay, as the queues' (12 h)
 REFUSAL = codec.REFUSAL     # the acceptor's, over limits.max_connections; ours, past MAX_HANDSHAKES
@@ -57,6 +60,7 @@ REFUSAL = codec.REFUSAL     # the acceptor's, over limits.max_connections; ours,
 _HANDSHAKE = "handshake"
 # Per worker process (one hub each): connections in their handshake, and the logged-in ones by role.
 _seats: "weakref.WeakKeyDictionary[Hub, dict[str, int]]" = weakref.WeakKeyDictionary()
+_handshaking: "weakref.WeakKeyDictionary[Hub, dict[str, int]]" = weakref.WeakKeyDictionary()   # by address
 _pool: ThreadPoolExecutor | None = None
 # Whether the owner's push result says how many messages are visible (then no stat goes with each PUSH).
 _ERRORS = {   # the queues' error codes -> qlite's texts
@@ -130,11 +134,14 @@ class QliteSession(Connection):
     # -- life cycle -----------------------------------------------------------------------------------------
     def opened(self) -> None:
         seats = _seats_of(self.hub)
-        if seats[_HANDSHAKE] >= MAX_HANDSHAKES:
+        by_address = _handshaking.setdefault(self.hub, {})
+        address = self.peer[0]
+        if seats[_HANDSHAKE] >= MAX_HANDSHAKES or by_address.get(address, 0) >= MAX_HANDSHAKES_PER_ADDRESS:
             self.send(REFUSAL)
             self.close()
             return
         seats[_HANDSHAKE] += 1
+        by_address[address] = by_address.get(address, 0) + 1
         self._seat = _HANDSHAKE
         self._challenge = codec.new_challenge()
         self.send(codec.greeting(self._challenge))
@@ -160,6 +167,13 @@ class QliteSession(Connection):
     def _free_seat(self) -> None:
         if self._seat is not None:
             _seats_of(self.hub)[self._seat] -= 1
+            if self._seat == _HANDSHAKE:
+                by_address = _handshaking[self.hub]
+                left = by_address[self.peer[0]] - 1
+                if left:
+                    by_address[self.peer[0]] = left
+                else:
+                    del by_address[self.peer[0]]
             self._seat = None
 
     def _handshake_expired(self) -> None:
