@@ -240,6 +240,8 @@ class QueuesConfig:
     # Queues a client's push or long poll may bring one worker to (an empty queue costs ~4.5 KB, and a client may
     # name any number of them); a queue empty and untouched for forget_idle seconds (up to twice that) is forgotten
     max_queues_per_worker: int = field(default=10_000, metadata=_meta(1, 10_000_000))
+    # ... of which one user (with security off, one client address) may make this many on each worker
+    max_queues_per_user: int = field(default=1_000, metadata=_meta(1, 10_000_000))
     forget_idle: float = field(default=600.0, metadata=_meta(1, 86400))
     # An NDJSON connection whose first queue request is for a queue another worker owns moves there
     # (workers/moves.py), so that its requests do not cross between workers

@@ -57,3 +57,32 @@ def test_nats_queue_bodies_refuse_fields_they_do_not_define(broker):
         await nc.close()
 
     asyncio.run(run())
+
+
+def test_one_user_cannot_take_every_new_queue_place(start_broker):
+    """Finding A15: one user pushing to 2,000 names filled queues.max_queues_per_worker, and every other user's
+    first push to a new queue got too_many_queues for as long as those queues held a message.  Each user (with
+    security off, each client address) may make queues.max_queues_per_user of a worker's queues."""
+    users = [{"username": u, "password": f"{u}pw", "permissions": ["publish:>", "subscribe:>"]}
+             for u in ("eve", "alice")]
+    broker = start_broker(workers=1, config={
+        "queues": {"max_queues_per_worker": 20, "max_queues_per_user": 5},
+        "security": {"enabled": True, "iterations": 1000, "users": users,
+                     "admin_user": {"username": "admin", "password": "adminpw", "permissions": ["admin"]}}})
+    with Raw(broker.port) as eve, Raw(broker.port) as alice:
+        for c, u in ((eve, "eve"), (alice, "alice")):
+            assert c.request({"op": "auth", "user": u, "pass": f"{u}pw"}) == {"ok": True}
+        replies = [eve.request({"op": "qpush", "queue": f"public.q{i}", "data": i}) for i in range(30)]
+        assert sum(r["ok"] for r in replies) == 5
+        assert replies[5] == {"ok": False, "error": "too_many_queues", "max": 5, "per": "user"}
+        assert eve.request({"op": "qpush", "queue": "public.q0", "data": "again"})["ok"]   # its own, still
+        assert alice.request({"op": "qpush", "queue": "jobs", "data": 1})["ok"]
+        assert broker.varz()["workers"][0]["queues_refused"] == 25
+
+
+def test_without_security_each_address_has_its_share(start_broker):
+    broker = start_broker(workers=1, config={"queues": {"max_queues_per_worker": 20, "max_queues_per_user": 3}})
+    with Raw(broker.port, source="127.0.0.5") as greedy, Raw(broker.port, source="127.0.0.6") as other:
+        assert [greedy.request({"op": "qpush", "queue": f"g{i}", "data": i})["ok"] for i in range(5)] == \
+            [True, True, True, False, False]
+        assert other.request({"op": "qpush", "queue": "mine", "data": 1})["ok"]

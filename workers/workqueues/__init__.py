@@ -92,7 +92,7 @@ def start(index: int, config: "Config", runtime_dir: str, hub: "Hub") -> QueueSe
                     index, core.MISSING)
     defaults, configured = settings(config)
     shard = Shard(index, defaults, journal, hub.schedule_flush, config.limits.max_topic_length, configured,
-                  q.max_queues_per_worker, q.forget_idle)
+                  q.max_queues_per_worker, q.forget_idle, q.max_queues_per_user)
     replayed = shard.replay()
     if replayed:
         messages = sum(len(queue.messages) for queue in shard.queues.values())

@@ -44,6 +44,7 @@ PUSH_WORK = TURN_BUDGET // PUSHES_PER_TURN
 
 _NEEDS = {"push": "publish", "purge": "admin", "redrive": "admin"}   # the rest: subscribe (stat: or admin)
 _TOKENED = ("push", "pushes")
+_MAKERS = ("push", "pushes", "recv")   # requests that may make a queue
 
 
 def allowed(permissions, op: str, queue: str) -> bool:
@@ -112,11 +113,16 @@ class QueueService:
         """Run ``op`` on the owner of ``args["queue"]`` (a str) for the connection ``cid``; ``reply`` gets the
         result dict."""
         hub = self.hub
+        if op in _MAKERS:
+            # who asks: a receive is asked again at the owner when messages are handed over (user), and a queue
+            # one of these makes counts against its maker's share of the owner's queues (party)
+            conn = hub.conns.get(cid)
+            if conn is not None:
+                user = conn.user.name if conn.user is not None and hub.auth.enabled else None
+                args = dict(args, party=user or conn.peer[0])
+                if user is not None and op == "recv":
+                    args["user"] = user
         if op == "recv":
-            if hub.auth.enabled:   # who receives: asked again at the owner when the messages are handed over
-                conn = hub.conns.get(cid)
-                if conn is not None and conn.user is not None:
-                    args = dict(args, user=conn.user.name)
             if args.get("wait_ms"):   # a long poll: bounded per connection and worker (workers.polls)
                 reply = hub.polls.admit(cid, reply)
                 if reply is None:

@@ -131,11 +131,16 @@ def _int(args: dict, key: str, default: int, lo: int, hi: int) -> int:
 class Shard:
     def __init__(self, index: int, settings: Settings, journal: Journal, schedule_flush: Callable[[], None],
                  max_name: int, configured: dict[str, Settings] | None = None, max_queues: int = 0,
-                 forget_idle_s: float = FORGET_IDLE_S) -> None:
+                 forget_idle_s: float = FORGET_IDLE_S, max_queues_per_party: int = 0) -> None:
         self.index = index
         self.settings = settings
         self.configured = configured or {}   # configured queues' own settings
         self.max_queues = max_queues         # queues a client's push or wait may bring the shard to (0: no bound)
+        # ... of which one party (a user; with security off, a client address) may have made this many, so that one
+        # cannot take every place from the others (0: no bound)
+        self.max_queues_per_party = max_queues_per_party
+        self._made_by: dict[str, str] = {}   # queue -> the party whose push or wait made it (while it lives)
+        self._made: dict[str, int] = {}      # party -> queues it made that live
         self.forget_idle_s = forget_idle_s
         self._forget_at = time.monotonic() + forget_idle_s   # the next sweep for idle queues (_forget_idle)
         self._idle: dict[str, tuple] = {}    # queue -> its activity when the last sweep found it idle
@@ -202,10 +207,11 @@ class Shard:
             settings = dataclasses.replace(self.configured.get(name[:-len(DLQ_SUFFIX)], settings), max_deliveries=0)
         return settings
 
-    def _opened(self, name: object) -> Queue:
+    def _opened(self, name: object, party: str | None = None) -> Queue:
         """The queue a client's push or long poll names, created if new while the shard holds fewer than
-        ``max_queues`` (a client may name any number of queues, and an empty one costs ~4.5 KB); what the broker
-        creates itself (a dead-letter queue, a configured queue, a replay) is never refused."""
+        ``max_queues``, and ``party`` (who asked) made fewer than ``max_queues_per_party`` of those it holds (a
+        client may name any number of queues, and an empty one costs ~4.5 KB); what the broker creates itself (a
+        dead-letter queue, a configured queue, a replay) is never refused."""
         q = self.queues.get(name) if type(name) is str else None
         if q is not None:
             return q
@@ -213,7 +219,26 @@ class Shard:
             self._valid(name)
             self.queues_refused += 1
             raise QueueError("too_many_queues", max=self.max_queues)
-        return self.queue(name)
+        per_party = self.max_queues_per_party
+        if party is not None and per_party and self._made.get(party, 0) >= per_party:
+            self._valid(name)
+            self.queues_refused += 1
+            raise QueueError("too_many_queues", max=per_party, per="user")
+        q = self.queue(name)
+        if party is not None:
+            self._made_by[q.name] = party
+            self._made[party] = self._made.get(party, 0) + 1
+        return q
+
+    def _gone(self, name: str) -> None:
+        """Queue ``name`` was forgotten: its maker may make another."""
+        party = self._made_by.pop(name, None)
+        if party is not None:
+            left = self._made[party] - 1
+            if left:
+                self._made[party] = left
+            else:
+                del self._made[party]
 
     def _at(self, when: int, q: Queue) -> None:
         heapq.heappush(self._due, (when, q.name))
@@ -479,7 +504,7 @@ class Shard:
     # -- operations -----------------------------------------------------------------------------------------
     def _pushed_to(self, args: dict) -> Queue:
         """The queue a push names, created if new (a name that cannot be a queue's raises in ``queue``)."""
-        return self._opened(args.get("queue"))
+        return self._opened(args.get("queue"), args.get("party"))
 
     @staticmethod
     def _token(args: dict) -> tuple | str | None:
@@ -693,7 +718,7 @@ class Shard:
         if q is None:   # nothing to receive: only a long poll makes the queue exist, to wait in
             if not wait:
                 return {"ok": True, "messages": []}
-            q = self._opened(name)
+            q = self._opened(name, args.get("party"))
         now = time.monotonic_ns()
         if q.name in self._wake:   # waiters that arrived earlier are served first: arrival order, all workers
             del self._wake[q.name]
@@ -1093,6 +1118,7 @@ class Shard:
             activity = q.activity()
             if idle.get(name) == activity:
                 del self.queues[name]
+                self._gone(name)
                 forgotten += 1
             else:
                 self._idle[name] = activity
