@@ -153,6 +153,8 @@ class LimitsConfig:
     max_connections: int = field(default=65536, metadata=_meta(1, 10_000_000))
     max_topic_length: int = field(default=4096, metadata=_meta(1, 1 << 20))
     max_subscriptions: int = field(default=65536, metadata=_meta(1, 10_000_000))
+    # ... and per user (with security off: per client address) on each worker, whatever its connections
+    max_subscriptions_per_user: int = field(default=65536, metadata=_meta(1, 10_000_000))
     max_tracked_subjects: int = field(default=100_000, metadata=_meta(100, 100_000_000))
     # Counted by the supervisor over all workers (docs/architecture.md); 0: no limit.  Off by default: many
     # clients may share one address (NAT, a proxy, every test on 127.0.0.1) or one user.

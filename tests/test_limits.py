@@ -229,3 +229,27 @@ def test_payload_and_control_line_breaches_are_counted(start_broker):
         assert n.line() == b"-ERR 'maximum control line exceeded'\r\n" and n.closed()
     got = breaches(b)
     assert got["max_payload"] == 2 and got["max_control_line"] == 1, got
+
+
+def test_subscriptions_are_bounded_per_party_not_only_per_connection(start_broker):
+    """Finding A14: with a bound per connection only, one address's connections multiplied it, and every worker
+    held all of their patterns.  A party (a user; with security off, a client address) holds at most
+    limits.max_subscriptions_per_user on a worker, over all its connections; another address is not affected."""
+    b = start_broker(workers=1, config={"limits": {"max_subscriptions": 40, "max_subscriptions_per_user": 50}})
+    greedy = [Raw(b.port, source="127.0.0.8") for _ in range(3)]
+    taken = 0
+    for i, c in enumerate(greedy):
+        for j in range(40):
+            reply = c.request({"op": "sub", "topic": f"s.{i}.{j}"})
+            taken += reply == {"ok": True}
+            assert reply in ({"ok": True}, {"ok": False, "error": "too_many_subscriptions"})
+    assert taken == 50
+    with Raw(b.port, source="127.0.0.9") as other:
+        assert other.request({"op": "sub", "topic": "mine"}) == {"ok": True}
+    greedy[0].close()   # its 40 come back to the address
+    time.sleep(0.3)
+    assert greedy[2].request({"op": "sub", "topic": "again"}) == {"ok": True}
+    breaches = b.varz()["breaches"]
+    assert breaches["max_subscriptions_per_user"] == 70 and breaches.get("max_subscriptions", 0) == 0, breaches
+    for c in greedy[1:]:
+        c.close()

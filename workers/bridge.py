@@ -63,8 +63,7 @@ class BridgeSession(Connection):
             if arg in self.subs:
                 self.send(codec.OK)
                 return
-            if len(self.subs) >= self.hub.limits.max_subscriptions:
-                self.hub.breach("max_subscriptions")
+            if self.hub.subscription_refused(self) is not None:
                 self._fail()
                 return
             sub = self.subs[arg] = Subscription(self, arg, arg)

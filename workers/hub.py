@@ -84,7 +84,7 @@ _COUNTERS, _FIN, _SYNC = "cnt", "fin", "sync"
 # Limits a client of this worker broke (the supervisor counts the connection limits), by the limit's name: /varz
 # "breaches", /metrics shardbroker_limit_breaches.  "max_payload" is the protocol's own: NDJSON's line, NATS'
 # payload, Bridge's publish, qlite's message.
-BREACHES = ("max_subscriptions", "max_payload", "max_control_line", "handshake_timeout", _POLLS, _POLLS_PER_WORKER)
+BREACHES = ("max_subscriptions", "max_subscriptions_per_user", "max_payload", "max_control_line", "handshake_timeout", _POLLS, _POLLS_PER_WORKER)
 
 
 async def _no_supervisor(message: dict) -> dict:
@@ -92,7 +92,7 @@ async def _no_supervisor(message: dict) -> dict:
 
 
 class Subscription:
-    __slots__ = ("conn", "subject", "sid", "queue", "delivered", "max_msgs")
+    __slots__ = ("conn", "subject", "sid", "queue", "delivered", "max_msgs", "party")
 
     def __init__(self, conn: "Connection", subject: str, sid: bytes | str, queue: str | None = None) -> None:
         self.conn = conn
@@ -101,6 +101,7 @@ class Subscription:
         self.queue = queue
         self.delivered = 0
         self.max_msgs = 0           # NATS UNSUB <sid> <max>: unsubscribe after this many (0: no limit)
+        self.party: str | None = None   # whose share it counts against while it stands (Hub.subscribe)
 
 
 class Route:
@@ -183,6 +184,7 @@ class Hub:
         self._remote_by_peer: dict[int, set[str]] = {p: set() for p in range(workers) if p != index}
         self.queues = QueueTable(index)
         self.queue_dropped = 0
+        self._by_party: dict[str, int] = {}   # subscriptions standing here per user (or client address)
         self.routes: dict[str, Route] = {}
         self.routes_b: dict[bytes, Route] = {}   # the same routes by the subject's bytes, as NATS clients send it
         self._seen: set[str] = set()              # subjects routed since it was last emptied (route_for)
@@ -273,10 +275,43 @@ class Hub:
         self.routes = {}
         self.routes_b = {}
 
+    @staticmethod
+    def party(conn: "Connection") -> str:
+        """Who a connection's subscriptions count against: its user with security on, else its address."""
+        return conn.user.name if conn.user is not None else conn.peer[0]
+
+    def subscription_refused(self, conn: "Connection") -> str | None:
+        """The limit one more subscription of ``conn`` would break (and which is counted as broken), or None.
+        Every worker holds every worker's patterns, so one connection's limit times many connections would let
+        one party fill every worker's memory: its subscriptions on each worker are bounded too."""
+        limits = self.limits
+        over = None
+        if len(conn.subs) >= limits.max_subscriptions:
+            over = "max_subscriptions"
+        elif self._by_party.get(self.party(conn), 0) >= limits.max_subscriptions_per_user:
+            over = "max_subscriptions_per_user"
+        if over is not None:
+            self.breach(over)
+        return over
+
+    def _counted_in(self, sub: Subscription) -> None:
+        party = sub.party = self.party(sub.conn)
+        self._by_party[party] = self._by_party.get(party, 0) + 1
+
+    def _counted_out(self, sub: Subscription) -> None:
+        party, sub.party = sub.party, None
+        if party is not None:
+            left = self._by_party[party] - 1
+            if left:
+                self._by_party[party] = left
+            else:
+                del self._by_party[party]
+
     def subscribe(self, sub: Subscription, on_synced: Callable[[], None]) -> bool:
         """Add ``sub``.  True if it is in force on every worker now; otherwise ``on_synced`` is called once it is."""
         pattern = sub.subject
         fabric = self.fabric
+        self._counted_in(sub)
         if sub.queue is not None:
             member = self.queues.add_local(sub)
             self._invalidate()
@@ -316,6 +351,7 @@ class Hub:
         if sub.queue is not None:
             member = self.queues.remove_local(sub)
             if member is not None:
+                self._counted_out(sub)
                 self._invalidate()
                 if self.fabric is not None and self.fabric.links:
                     self.fabric.broadcast_control((_QUEUE_DEL, pattern, member))
@@ -323,6 +359,7 @@ class Hub:
             return
         if not self.local.remove(pattern, sub):
             return
+        self._counted_out(sub)
         self._invalidate()
         n = self._local_refs[pattern] - 1
         if n:

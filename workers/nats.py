@@ -469,8 +469,7 @@ class NatsSession(Connection):
             if self.verbose:
                 self.send(codec.OK)
             return
-        if len(self.subs) >= self.hub.limits.max_subscriptions:
-            self.hub.breach("max_subscriptions")
+        if self.hub.subscription_refused(self) is not None:
             self.send(codec.err(ERR_MAX_SUBS))
             return
         sub = Subscription(self, subject, sid, queue)

@@ -274,8 +274,7 @@ class NdjsonSession(Connection):
         if topic in self.subs:
             self.send(codec.reply(req))
             return
-        if len(self.subs) >= self.hub.limits.max_subscriptions:
-            self.hub.breach("max_subscriptions")
+        if self.hub.subscription_refused(self) is not None:
             self.send(codec.reply(req, "too_many_subscriptions"))
             return
         sub = Subscription(self, topic, topic)
