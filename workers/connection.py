@@ -24,6 +24,8 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from router import guard
+
 try:
     import fcntl
     import termios
@@ -108,7 +110,10 @@ class Connection(asyncio.Protocol):
             self.peer = (peer[0], peer[1])
         self.hub.register(self)
         if self.arriving is not None:   # from another worker, which greeted it
-            self.arrived(self.arriving)
+            try:
+                self.arrived(self.arriving)
+            except Exception:
+                self._failed("a moved connection's arrival")
             return
         self._first_frame = self.hub.loop.call_later(self.hub.limits.handshake_timeout, self._first_frame_expired)
         log.debug("cid:%d %s:%d %s connection created", self.cid, self.peer[0], self.peer[1], self.protocol,
@@ -195,9 +200,20 @@ class Connection(asyncio.Protocol):
             if len(self._held) >= _HELD_MAX:
                 self.pause(PAUSE_SYNC)  # a suspension that keeps reading holds only so much
             return
-        self._run(items)
+        try:
+            self._run(items)
+        except Exception:
+            self._failed("a client's request")
+            return
         if self.hub.holding and not self.closed:
             self.hold()
+
+    def _failed(self, where: str) -> None:
+        """A bug met while serving this client (``guard``: counted, logged at most once a minute per place): the
+        connection's state cannot be trusted, so it is closed, and nobody else is affected."""
+        guard.failed(where)
+        self.reason = f"internal error in {where}"
+        self.close()
 
     def _run(self, items: list) -> None:
         hub = self.hub
@@ -240,7 +256,11 @@ class Connection(asyncio.Protocol):
             # send messages after this worker told the others it sends nothing more.
             return
         held, self._held = self._held or [], None
-        self._run(held)
+        try:
+            self._run(held)
+        except Exception:
+            self._failed("a client's request")
+            return
         if self._held is None:
             self.resume(PAUSE_SYNC)
 
