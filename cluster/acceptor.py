@@ -33,11 +33,12 @@ class Listener:
     refusal: bytes = b""     # written before closing a connection over the limit
     refusals: dict[str, bytes] = field(default_factory=dict)   # by limit (cluster.admission), where not ``refusal``
     home: int | None = None  # the worker its connections go to while that one is ready (qlite: its queue's owner)
+    # Where it listens, read once: in lame duck the socket is closed, and monitoring still reports the address.
+    address: tuple[str, int] = field(init=False)
 
-    @property
-    def address(self) -> tuple[str, int]:
+    def __post_init__(self) -> None:
         host, port = self.sock.getsockname()[:2]
-        return host, port
+        self.address = (host, port)
 
     def describe(self) -> str:
         host, port = self.address

@@ -34,6 +34,7 @@ Handler = Callable[[str, dict[str, str], dict[str, str]], Awaitable[tuple[int, o
 
 _MAX_HEAD = 16 * 1024
 _READ_TIMEOUT = 10.0
+_CLOSE_WAIT = 3.0     # seconds a closing server waits for the requests under way (a worker answers within 2)
 _GZIP_FROM = 1024   # smaller bodies are not worth compressing
 _ACCEPT_PAUSE = 0.1   # seconds the listener rests after an accept failed for want of descriptors
 _PLAIN_TO_TLS = (b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n"
@@ -57,6 +58,7 @@ class HttpServer:
         self._resting: asyncio.TimerHandle | None = None
         # TLS handshakes by outcome (cluster.tls.accept), for /varz and /metrics
         self.tls_counts = {"ok": 0, "plaintext": 0, "timeout": 0, "failed": 0}
+        self._serving: set[asyncio.Task] = set()   # requests being answered (close waits for them)
 
     async def start(self, host: str, port: int, sock=None) -> tuple[str, int]:
         """Listen on host:port, or on ``sock`` (a listener passed by systemd) if given."""
@@ -108,6 +110,8 @@ class HttpServer:
             log.info("monitoring: TLS handshake %s: %s; closed", outcome, why)
 
     async def close(self) -> None:
+        """Stop listening, and let the requests under way finish (their answers wait on the workers for 2 s at
+        most): cancelled at the loop's end, each would leave a traceback in the log instead of an answer."""
         if self._sock is not None:
             if self._resting is not None:
                 self._resting.cancel()
@@ -115,10 +119,27 @@ class HttpServer:
                 self._loop.remove_reader(self._sock.fileno())
             self._sock.close()
             self._sock = None
+        if self._serving:
+            await asyncio.wait(list(self._serving), timeout=_CLOSE_WAIT)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._serving.add(task)
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _READ_TIMEOUT)
+            await self._answer(reader, writer)
+        finally:
+            self._serving.discard(task)
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            try:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _READ_TIMEOUT)
+            except asyncio.LimitOverrunError:   # as an HTTP server says it, not a silent close
+                _status_only(writer, 431, f"request head over {_MAX_HEAD // 1024} KiB")
+                return
+            except TimeoutError:
+                _status_only(writer, 408, f"no complete request head within {_READ_TIMEOUT:g}s")
+                return
             request_line, *header_lines = head.decode("latin-1").split("\r\n")
             headers = {}
             for line in header_lines:
@@ -152,12 +173,18 @@ class HttpServer:
             if parts and parts[0] != "HEAD":
                 writer.write(payload)
             await writer.drain()
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError):
+        except (asyncio.IncompleteReadError, ConnectionError):
             pass
         except Exception:
             log.exception("monitoring request failed")
         finally:
             writer.close()
+
+
+def _status_only(writer: asyncio.StreamWriter, status: int, error: str) -> None:
+    payload = orjson.dumps({"error": error}) + b"\n"
+    writer.write(f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode() + payload)
 
 
 def _accepts_gzip(accept_encoding: str) -> bool:

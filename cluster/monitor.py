@@ -135,6 +135,10 @@ class Monitor:
         return 200, {"endpoints": ["/healthz", "/varz", "/connz", "/subsz", "/topicz", "/queuez", "/metrics"]}
 
     async def _healthz(self, query: dict) -> tuple[int, object]:
+        if self.sup.state in ("starting", "stopping"):
+            ready = sum(1 for s in self.sup.slots if s is not None and s.state == "ready")
+            return 503, {"status": "unavailable",
+                         "error": f"{self.sup.state}: {ready} of {self.sup.nworkers} worker(s) ready"}
         replies = await self.sup.query({"k": "stats"}, timeout=2.0)
         bad = [r["worker"] for r in replies if r.get("unresponsive")]
         missing = self.sup.nworkers - len(replies)

@@ -249,6 +249,16 @@ class Supervisor:
                 for lst in listeners:
                     lst.sock.close()
                 raise OSError(exc.errno, f"cannot listen for {proto} on {host}:{port}: {exc.strerror}") from None
+        if cfg.monitoring.enabled and self._monitor_sock is None:
+            # Bound here with the others: a port in use is one line and exit 1 before any worker starts, and the
+            # monitoring port answers from the first moment ("starting") to the last ("stopping").
+            host, port = cfg.monitoring.bind, cfg.monitoring.port
+            try:
+                self._monitor_sock = bind(host, port, backlog=128)
+            except OSError as exc:
+                for lst in listeners:
+                    lst.sock.close()
+                raise OSError(exc.errno, f"cannot listen for monitoring on {host}:{port}: {exc.strerror}") from None
         return listeners
 
     async def _main(self) -> int:
@@ -270,15 +280,15 @@ class Supervisor:
         self._version = VERSION
         for slot in self.slots:
             self._send_args(slot)
-        if self.config.monitoring.enabled:  # while the workers boot: needed only once they are up
+        if self.config.monitoring.enabled:  # while the workers boot: it answers in every state, "starting" too
             from .monitor import Monitor
+
+            self.monitor = Monitor(self)
+            await self.monitor.start(sock=self._monitor_sock)
+            self._monitor_sock = None   # the server owns it now
         if await self._wait_for_boot():
             self.acceptor = Acceptor(self.listeners, self._handoff, self.admission.refusal)
             self.acceptor.start()
-            if self.config.monitoring.enabled:
-                self.monitor = Monitor(self)
-                await self.monitor.start(sock=self._monitor_sock)
-                self._monitor_sock = None   # the server owns it now
             await self._start_commands()
             self._announce_ready()
             while self._stop is None:
@@ -676,8 +686,6 @@ class Supervisor:
         if self.acceptor is not None:
             self.acceptor.close()
         await self.commands.close()
-        if self.monitor is not None:
-            await self.monitor.close()
         if self._stop == "fast":
             for slot in alive:
                 _kill(slot.pid)
@@ -703,6 +711,8 @@ class Supervisor:
                 for slot in alive:
                     if slot.state != "dead":
                         _kill(slot.pid)
+        if self.monitor is not None:   # last: "stopping" is a state an operator watches too
+            await self.monitor.close()
         # The counts of lines still held back (a crash loop's "worker 0 is back" lines) come before `stopped`:
         # operations.md promises the log ends with it, and at exit they would come after.
         flush_floods()
