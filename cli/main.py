@@ -95,7 +95,9 @@ def start(config_path: str | None, workers: str | None, bind: str | None, port: 
 
         Notifier(os.environ.get("NOTIFY_SOCKET")).send(STATUS=f"configuration error: {exc}", ERRNO=errno.EINVAL)
         sys.exit(2)
-    sys.exit(Supervisor(config).run())
+    from .entry import STOPS
+
+    sys.exit(Supervisor(config, early_stops=STOPS).run())
 
 
 # -- the running broker's supervisor, through its command socket (cluster/command_socket.py) --------------------

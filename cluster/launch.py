@@ -76,9 +76,12 @@ class WorkerProcess:
         env = dict(os.environ)
         env[PATH_ENV] = os.pathsep.join(_worker_sys_path())
         try:
+            # A process group of its own: a terminal's Ctrl-C (SIGINT to the foreground group) reaches the
+            # supervisor alone, which stops the workers in order; a worker still importing its modules would
+            # otherwise die of it with a KeyboardInterrupt traceback, and the start end as a failed boot.
             self._popen = subprocess.Popen(
                 cmd, pass_fds=[fd for fd in (boot_r, child_sock.fileno(), watch_w) if fd >= 0],
-                stdin=subprocess.DEVNULL, env=env)
+                stdin=subprocess.DEVNULL, env=env, process_group=0)
         except BaseException:
             for fd in (self._boot_w, watch_r):
                 if fd >= 0:

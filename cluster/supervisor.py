@@ -79,8 +79,11 @@ class WorkerSlot:
 
 
 class Supervisor:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, early_stops: list[int] | None = None) -> None:
+        """``early_stops``: signals that asked for a stop before the loop could handle them (and any that arrive
+        until it does: the caller's handlers keep appending to the list)."""
         self.config = config
+        self._early_stops = early_stops if early_stops is not None else []
         self.nworkers = config.workers.resolved_count()
         self.slots: list[WorkerSlot | None] = [None] * self.nworkers
         self.runtime_dir = ""
@@ -268,6 +271,8 @@ class Supervisor:
         # catch its ReloadSignal (SIGHUP) by then.
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGUSR2):
             loop.add_signal_handler(sig, self._signals.put_nowait, sig)
+        for sig in self._early_stops:   # arrived before this loop handled them (cli.main)
+            self._signals.put_nowait(sig)
         self.status = ServiceStatus(self.notifier, self._watchdog_usec, self)
         self.status.start()
         self.status.set(f"starting {self.nworkers} workers")

@@ -275,3 +275,25 @@ def test_brokerctl_pub_and_sub(broker):
     bad = subprocess.run([sys.executable, "-m", "cli", "pub", "-p", str(broker.port), "a..b", "x"],
                          cwd=REPO, capture_output=True, text=True, timeout=30)
     assert bad.returncode == 1 and "invalid_topic" in bad.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_at_any_moment_of_a_start_is_a_clean_stop_with_exit_0(tmp_path):
+    """T3, M4: a Ctrl-C in the first ~0.4 s of `brokerctl start` printed the workers' KeyboardInterrupt
+    tracebacks and exited 1, 3 ("a worker failed to boot") or 0, depending on the moment.  A terminal's Ctrl-C
+    is SIGINT to the foreground process group: the supervisor's alone now, which stops everything it started."""
+    outcomes = []
+    for delay in (0.04, 0.08, 0.15, 0.25, 0.35, 0.5, 0.8):   # Python itself starts in ~20 ms
+        broker = Broker(tmp_path, workers=2)
+        broker._log = open(broker.log_path, "wb")
+        broker.proc = subprocess.Popen(broker.command(), stdout=broker._log, stderr=subprocess.STDOUT, cwd=REPO,
+                                       start_new_session=True, stdin=subprocess.DEVNULL,
+                                       env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        time.sleep(delay)
+        os.killpg(broker.proc.pid, signal.SIGINT)
+        code = broker.proc.wait(timeout=30)
+        log = broker.log()
+        outcomes.append((delay, code, "Traceback" in log or "KeyboardInterrupt" in log or "Aborted" in log))
+        assert not broker.group(), f"left running after a Ctrl-C at {delay}s"
+        broker.close()
+    assert all(code == 0 and not traced for _, code, traced in outcomes), outcomes

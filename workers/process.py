@@ -10,8 +10,8 @@ nothing of the supervisor's loop is inherited).  Its life:
    ``workers.heartbeat_timeout``, at most one a second: a blocked loop stops them and gets the worker replaced;
    a loop that merely lagged says so in the log).
 3. stop (``stop`` order or SIGTERM): stop reading, send what is already queued to clients, close, exit 0 within the
-   grace period.  SIGINT is ignored: a terminal's Ctrl-C reaches the whole process group, and the supervisor
-   orchestrates the shutdown.
+   grace period.  A worker runs in a process group of its own (cluster.launch), so a terminal's Ctrl-C reaches
+   the supervisor alone, which orchestrates the shutdown; SIGINT is ignored besides (a group-wide kill of it).
 4. orphaned (the control socket reads EOF: the supervisor is gone, even by SIGKILL): close every connection the
    way the kernel closes a killed server's sockets (a FIN, so clients read EOF and reconnect quietly; a reset
    only where output is being dropped), remove the runtime directory, exit within a fraction of a second.
