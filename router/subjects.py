@@ -22,8 +22,9 @@ def tokens(subject: str) -> list[str]:
 
 
 def is_valid_pattern(subject: str, max_length: int) -> bool:
-    """A subscription pattern: wildcards allowed."""
-    if not subject or len(subject) > max_length or _SHAPE.fullmatch(subject) is None:
+    """A subscription pattern: wildcards allowed; at most ``max_length`` bytes in UTF-8 (as on the wire)."""
+    if not subject or (len(subject) if subject.isascii() else len(subject.encode())) > max_length \
+            or _SHAPE.fullmatch(subject) is None:
         return False
     # '>' is only meaningful as the final token.
     return FWC not in subject or FWC not in subject.split(".")[:-1]

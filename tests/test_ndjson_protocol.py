@@ -168,3 +168,35 @@ def test_auth_without_security_always_succeeds(broker):
     with Raw(broker.port) as c:
         assert c.request({"op": "auth", "user": "nobody", "pass": "x"}) == {"ok": True}
         assert c.request({"op": "auth"}) == {"ok": True}
+
+
+def test_max_topic_length_counts_bytes_as_the_docs_say(start_broker):
+    """M1: 16 '€' (48 bytes) passed a limit of 16, counted in characters."""
+    b = start_broker(workers=1, config={"limits": {"max_topic_length": 16}})
+    with Raw(b.port) as c:
+        for topic, ok in (("a" * 16, True), ("a" * 17, False), ("é" * 8, True), ("é" * 9, False),
+                          ("€" * 5, True), ("€" * 6, False)):
+            for op in ("pub", "sub"):
+                reply = c.request({"op": op, "topic": topic, "data": 1} if op == "pub" else {"op": op, "topic": topic})
+                assert (reply == {"ok": True}) is ok, (op, topic, reply)
+            queued = c.request({"op": "qpush", "queue": topic, "data": 1})
+            assert queued["ok"] is ok, (topic, queued)
+
+
+def test_integers_beyond_a_doubles_range_pass_through_exactly(broker):
+    """M2: 'integers of any size' stopped at 308 digits (orjson reads numbers as doubles past 64 bits); the
+    standard library reads them exactly, up to Python's 4,300 digits; a number infinite as a float is refused."""
+    big = "9" * 400
+    with Raw(broker.port) as sub, Raw(broker.port) as pub:
+        assert sub.request({"op": "sub", "topic": "big"}) == {"ok": True}
+        for data in (big, f"[1,-{big}]", f'{{"n":{big}}}'):
+            pub.send(b'{"op":"pub","topic":"big","data":' + data.encode() + b'}\n')
+            assert pub.json() == {"ok": True}
+            assert sub.line() == b'{"topic":"big","data":' + data.encode() + b'}\n'
+        for bad in ("1e400", "9" * 5000):
+            pub.send(b'{"op":"pub","topic":"big","data":' + bad.encode() + b'}\n')
+            assert pub.json() == {"ok": False, "error": "invalid_json"}
+        pub.send(b'{"op":"qpush","queue":"big","data":' + big.encode() + b'}\n')
+        assert pub.json()["ok"]
+        got = pub.request({"op": "qrecv", "queue": "big"})
+        assert got["messages"][0]["data"] == int(big)

@@ -27,6 +27,8 @@ OK = b'{"ok":true}\n'
 _DIGITS = bytes.maketrans(b"0123456789", b"9999999999")
 _LONG_DIGIT_RUN = b"9" * 19
 _LOSSY_FLOAT = float(1 << 63)
+_INT_MIN, _INT_END = -(1 << 63), 1 << 64   # what orjson writes of integers
+_INF = float("inf")
 
 
 class TooDeep(ValueError):
@@ -66,13 +68,37 @@ def parse(line: bytes) -> dict | None:
     try:
         req = orjson.loads(line)
     except orjson.JSONDecodeError:
-        return None
+        req = _exact_request(line)
     if type(req) is not dict:
         return None
     rid = req.get("id")
     if (type(rid) is list or type(rid) is dict) and not _writable({"id": rid}):
         return None
     return req
+
+
+def _exact_request(line: bytes) -> dict | None:
+    """A line orjson refuses because an integer in it has more digits than a double's range (309 and more) read
+    with the standard library, which keeps integers exact (up to ``sys.get_int_max_str_digits()`` digits, 4,300 by
+    default); a number that is infinite as a float is no JSON value anyone can be sent, and is refused."""
+    if _LONG_DIGIT_RUN not in line.translate(_DIGITS):
+        return None   # nothing a big integer could explain: the line is not JSON
+    try:
+        req = json.loads(line, parse_float=_finite, parse_constant=_no_constant)
+    except (ValueError, RecursionError):   # JSONDecodeError is a ValueError, and so is an over-long integer
+        return None
+    return req if type(req) is dict else None
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (_INF, -_INF):
+        raise ValueError(f"{text} is infinite as a number")
+    return value
+
+
+def _no_constant(text: str) -> float:
+    raise ValueError(f"{text} is not JSON")
 
 
 def _writable(value: object) -> bool:
@@ -97,7 +123,10 @@ def encode_data(line: bytes, data: object) -> bytes:
 
 def _encode_data(line: bytes, data: object) -> bytes:
     t = type(data)
-    if t is float:
+    if t is int:
+        if not _INT_MIN <= data < _INT_END:  # read exact by _exact_request: written so too
+            return _exact_data(line)
+    elif t is float:
         if data >= _LOSSY_FLOAT or data <= -_LOSSY_FLOAT:  # type: ignore[operator]
             return _exact_data(line)
     elif (t is dict or t is list) and _LONG_DIGIT_RUN in line.translate(_DIGITS):
