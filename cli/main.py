@@ -209,7 +209,7 @@ def pub(as_json: bool, topic: str, data: str) -> None:
 
 @cli.command()
 @_connection_options
-@click.option("-n", "--count", type=int, help="Exit after this many messages.")
+@click.option("-n", "--count", type=click.IntRange(min=1), help="Exit after this many messages (1 or more).")
 @click.option("--data-only", is_flag=True, help="Print only each message's data.")
 @click.argument("topics", nargs=-1, required=True)
 def sub(count: int | None, data_only: bool, topics: tuple[str, ...]) -> None:
@@ -439,7 +439,52 @@ cli.add_command(top)
 
 
 def main() -> None:
-    cli(prog_name="brokerctl")
+    """brokerctl: what a user typed gets a usage error or one line, never a Python traceback (set
+    ``BROKERCTL_DEBUG=1`` to see one)."""
+    bad = _not_text(sys.argv[1:], os.environ)
+    if bad is not None:
+        click.echo(f"Usage: brokerctl [OPTIONS] COMMAND [ARGS]...\nTry 'brokerctl -h' for help.\n\nError: {bad} is not "
+                   f"valid UTF-8", err=True)
+        sys.exit(2)
+    try:
+        cli(prog_name="brokerctl")
+    except Exception as exc:   # click's own errors have been reported, and it exited: this is something else
+        if os.environ.get("BROKERCTL_DEBUG"):
+            raise
+        click.echo(f"Error: {_unexpected(exc)}", err=True)
+        sys.exit(1)
+
+
+def _not_text(args: list[str], env: Any) -> str | None:
+    """The first argument (or brokerctl variable) that is not UTF-8 (Python reads it with surrogate escapes,
+    which nothing can send or hash), named as a user would find it; None if all are."""
+    for i, arg in enumerate(args):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = ascii(os.fsencode(arg))[1:]
+            if i and args[i - 1].startswith("-") and "=" not in args[i - 1]:
+                return f"the value of {args[i - 1]} ({shown})"
+            return f"argument {i + 1} ({shown})"
+    for name in sorted(env):
+        if name.startswith("BROKER_"):
+            try:
+                env[name].encode("utf-8")
+            except UnicodeEncodeError:
+                return f"${name}"
+    return None
+
+
+def _unexpected(exc: Exception) -> str:
+    """One line for what went wrong where no command said it better."""
+    if isinstance(exc, ConnectionError):
+        return f"{exc} (if the listener verifies client certificates, give --cert and --key)" \
+            if "closed by the broker" in str(exc) else str(exc)
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    if isinstance(exc, UnicodeError):
+        return f"not a usable name or address: {exc}"
+    return f"{type(exc).__name__}: {exc} (BROKERCTL_DEBUG=1 shows where)"
 
 
 if __name__ == "__main__":

@@ -14,10 +14,10 @@ def from_env_or_prompt(env: str, prompt: str) -> str:
     """``$env`` if set, else a no-echo prompt on the terminal."""
     value = os.environ.get(env)
     if value is not None:
-        return value
+        return _text(value, f"${env}")
     if not sys.stdin.isatty():
         raise click.UsageError(f"set {env}, or run on a terminal to be prompted")
-    return getpass.getpass(prompt)
+    return _text(getpass.getpass(prompt), "the password typed")
 
 
 def new_password(what: str) -> str:
@@ -31,4 +31,13 @@ def new_password(what: str) -> str:
         password = sys.stdin.readline().rstrip("\r\n")
     if not password:
         raise click.ClickException("empty password")
-    return password
+    return _text(password, "the password read" if sys.stdin.isatty() else "the password on standard input")
+
+
+def _text(value: str, what: str) -> str:
+    """``value`` if it is UTF-8 text (what a password is, on the wire and in its hash), else a usage error."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise click.UsageError(f"{what} is not valid UTF-8") from None
+    return value
