@@ -8,6 +8,7 @@ bad flag is reported exactly like a bad file entry.  See docs/configuration.md f
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import os
@@ -330,6 +331,13 @@ def load(path: str | None = None, overrides: dict[str, Any] | None = None, check
             raise ConfigError(f"{path}: not valid JSON: {exc}") from None
         if not isinstance(doc, dict):
             raise ConfigError(f"{path}: the top level must be a JSON object")
+        if any(v is not None for v in (overrides or {}).values()):
+            # The file's own values are checked too, the ones a command-line option overrides now included: the
+            # next start without that option would fail on them, so they are reported now.
+            try:
+                _build(Config, copy.deepcopy(doc), "")
+            except ConfigError as exc:
+                raise ConfigError(f"{exc} (in {path}, whatever the command line overrides)") from None
     for dotted, value in (overrides or {}).items():
         if value is None:
             continue

@@ -176,3 +176,20 @@ def test_every_numeric_range_the_loader_enforces_is_documented():
         if key not in rows or expected not in rows[key]:
             missing.append(f"{key}: {expected}")
     assert not missing, f"ranges missing from docs/configuration.md: {missing}"
+
+
+def test_a_wrong_value_in_the_file_is_reported_though_a_flag_overrides_it(tmp_path):
+    """U2: with --port 0, a file's "port": "8080" (a string) started without a word, and the next start without
+    the flag failed on it."""
+    from cluster.config import ConfigError, load
+
+    for doc, overrides, key in (({"network": {"port": "8080"}}, {"network.port": 0}, "network.port"),
+                                ({"workers": {"count": "AUTO"}}, {"workers.count": 2}, "workers.count"),
+                                ({"monitoring": {"port": "x"}}, {"monitoring.port": 0}, "monitoring.port")):
+        path = tmp_path / "c.json"
+        path.write_text(json.dumps(doc))
+        with pytest.raises(ConfigError) as refused:
+            load(str(path), overrides)
+        assert str(refused.value).startswith(key) and "whatever the command line overrides" in str(refused.value)
+    path.write_text(json.dumps({"network": {"port": 9000}}))
+    assert load(str(path), {"network.port": 0}).network.port == 0   # a right value is overridden as before
