@@ -131,7 +131,7 @@ class SecurityConfig:
     auth_timeout: float = field(default=10.0, metadata=_meta(0.1, 3600))
     max_auth_failures: int = field(default=5, metadata=_meta(1, 1000))
     failures_per_address: int = field(default=20, metadata=_meta(1, 1_000_000))
-    checks_per_address: int = field(default=2, metadata=_meta(1, 1000))   # password checks under way at once
+    checks_per_address: int = field(default=4, metadata=_meta(1, 1000))   # password checks under way at once
     failure_window: float = field(default=60.0, metadata=_meta(1, 86400))
     block_duration: float = field(default=60.0, metadata=_meta(1, 86400))
 

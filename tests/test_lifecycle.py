@@ -169,6 +169,34 @@ def test_supervisor_sigkill_closes_connections_like_a_killed_server(start_broker
             c.close()
 
 
+def test_a_supervisor_killed_while_a_worker_stops_gracefully_still_closes_at_once(start_broker):
+    """The kernel's death signal (SIGTERM) can reach a worker while getppid() still names the dying supervisor
+    (found by nats.py's own disconnect tests, 3 runs in 48): read as a stop, it began a graceful one that waited
+    the whole grace period for the other worker's end of traffic, which never came, holding every client's
+    connection for 5 s.  Made certain here: SIGTERM to a worker, then SIGKILL to the supervisor."""
+    b = start_broker(workers=2, config={"shutdown": {"grace_period": 8}})
+    clients = [Raw(b.port) for _ in range(4)]
+    for c in clients:
+        assert c.request({"op": "ping"}) == {"ok": True}
+    started = time.monotonic()
+    os.kill(b.pids[0], signal.SIGTERM)
+    os.kill(b.proc.pid, signal.SIGKILL)
+    b.proc.wait(5)
+    try:
+        for c in clients:
+            c.sock.settimeout(10)
+            try:
+                assert c.sock.recv(65536) == b""
+            except ConnectionResetError:
+                pass
+        took = time.monotonic() - started
+        assert took < 3, f"clients were held {took:.1f}s after the supervisor died"
+        assert not wait_gone(lambda: [p for p in b.pids if pid_alive(p)], 3), "workers outlived the supervisor"
+    finally:
+        for c in clients:
+            c.close()
+
+
 def test_worker_boot_failure_stops_the_supervisor(tmp_path):
     # A runtime directory too deep for an ipc:// endpoint: the workers cannot bind the fabric.
     deep = tmp_path / ("d" * 100)

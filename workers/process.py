@@ -127,6 +127,8 @@ class Worker:
         self._done: asyncio.Future | None = None
         self._exit_code = 0
         self._stopping = False
+        self._orphaned = False   # the supervisor is gone (_on_control_closed)
+        self._finished = False
         self.lame_duck: LameDuck | None = None
         self.loop_lag = LoopLag()
         self._tls_material = tls_material or {}   # the certificates the supervisor read (cluster.tls)
@@ -315,9 +317,14 @@ class Worker:
         return data
 
     def _on_control_closed(self) -> None:
-        if self._stopping:
+        if self._orphaned:
             return
-        # The supervisor is gone.  Nobody will hand us work or stop us: leave now, and clean up after it.
+        # The supervisor is gone.  Nobody will hand us work or stop us: leave now, and clean up after it.  This
+        # wins over a graceful stop under way: the kernel's death signal (SIGTERM) can arrive while getppid()
+        # still names the dying supervisor, and read as a stop it began a graceful one that waited the whole
+        # grace period for the other workers' end of traffic (they left by this path, sending none), holding
+        # every client's connection open meanwhile.
+        self._orphaned = True
         log.warning("supervisor is gone; exiting")
         self._stopping = True
         self._close_all_now()
@@ -392,6 +399,9 @@ class Worker:
             conn.abort()
 
     def _finish(self, code: int) -> None:
+        if self._finished:   # a graceful stop the supervisor's death overtook (_on_control_closed) ends too
+            return
+        self._finished = True
         if self.hub is not None and self.hub.queue_service is not None:
             self.hub.queue_service.close(graceful=not code)
         if self.hub is not None and self.hub.fabric is not None:
