@@ -342,3 +342,15 @@ def test_sighup_with_a_broken_file_keeps_the_users_as_operations_md_says(tmp_pat
         assert b.proc.poll() is None
     finally:
         b.close()
+
+
+def test_readme_layout_names_every_script_and_every_folder():
+    """The layout section listed 4 of the 20 scripts and left out cli/loadtest and cli/top: it names each now,
+    and this keeps it so as the tree moves."""
+    layout = README[README.index("## Repository layout"):]
+    scripts = sorted(p.name for p in (REPO / "scripts").iterdir() if p.is_file())
+    folders = sorted(f"{p.parent.name}/{p.name}/" for top in ("cli", "workers", "cluster", "router")
+                     for p in (REPO / top).iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
+    missing = [name for name in scripts if f"`{name}`" not in layout]
+    missing += [f for f in folders if f"`{f.split('/', 1)[1]}`" not in layout and f"`{f}`" not in layout]
+    assert not missing, f"not in README.md's layout: {missing}"
