@@ -7,6 +7,7 @@ import json
 import math
 import os
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -445,3 +446,30 @@ def test_too_few_spark_slots_is_one_clear_line(broker, tmp_path):
              "-o", str(tmp_path / "out"))
     assert r.returncode == 3, r.stderr[-2000:]
     assert "fewer task slots than the plan's 2 tasks" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_the_measurement_is_one_line_and_exit_130(broker, tmp_path):
+    """T12: Ctrl-C during the measure phase printed four py4j/KeyboardInterrupt tracebacks and the executors'
+    errors.  Now the job is cancelled, the run says so in one line, and everything it started is stopped."""
+    path = tmp_path / "s.toml"
+    path.write_text('name = "stop"\nwarmup = "1s"\nduration = "60s"\n[[workload]]\nname = "w"\n'
+                    'protocol = "ndjson"\nrate = 500\n')
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "loadtest", str(path), "--broker",
+                             f"ndjson://127.0.0.1:{broker.port}", "-o", str(tmp_path / "out")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, start_new_session=True)
+    import selectors
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stderr, selectors.EVENT_READ)
+    seen = b""
+    deadline = time.monotonic() + 120
+    while b"tasks on" not in seen and time.monotonic() < deadline:   # the job has begun
+        if sel.select(timeout=1):
+            seen += proc.stderr.read1(65536)
+    time.sleep(4)   # into the measurement
+    os.killpg(proc.pid, signal.SIGINT)   # as a terminal's Ctrl-C: the whole foreground process group
+    out, err = proc.communicate(timeout=120)
+    err = (seen + err).decode("utf-8", "replace")
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err and "ERROR Executor" not in err, err[-3000:]
+    assert "interrupted: the load test was stopped" in err

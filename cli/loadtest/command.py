@@ -141,7 +141,7 @@ def run_cmd(scenario_path, master, brokers, start_kind, workers, monitor, out_di
         click.echo(f"error: brokerctl loadtest needs its extra ({missing[0]} is missing): "
                    f"{sys.executable} -m pip install 'shardbroker[loadtest]' (make test installs it)", err=True)
         sys.exit(3)
-    from .job import LoadTestError, run
+    from .job import Interrupted, LoadTestError, run
     from .summary import render_text
 
     try:
@@ -149,9 +149,15 @@ def run_cmd(scenario_path, master, brokers, start_kind, workers, monitor, out_di
             endpoints.update(started)
             summary = run(sc, endpoints, out, master=master, progress=not no_progress,
                           monitor=monitor or started_monitor, broker_version=version, tables_uri=tables_uri)
+    except Interrupted as exc:   # Ctrl-C: one line, as promised, and the shell's code for it
+        click.echo(str(exc), err=True)
+        sys.exit(130)
     except LoadTestError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(3)
+    except KeyboardInterrupt:   # before or after the Spark job (starting, writing): nothing half-done is kept
+        click.echo("interrupted: no results were written", err=True)
+        sys.exit(130)
     click.echo(render_text(summary))
     click.echo(f"results: {os.path.abspath(out)}  (report: {os.path.join(out, 'report.html')})")
     sys.exit(0 if summary.get("passed") else 1)

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -174,6 +176,35 @@ def _git_sha() -> str:
         return ""
 
 
+class Interrupted(LoadTestError):
+    """Ctrl-C stopped the run."""
+
+
+def _cancel_on_interrupt(sctx) -> list[int]:
+    """Ctrl-C during the job: cancel it, quietly, and note it (the returned list).  PySpark's own handler raises
+    KeyboardInterrupt inside the py4j call the driver is blocked in, which breaks the gateway and prints four
+    tracebacks and the executors' errors; here the job is cancelled from another thread, Spark's logging is
+    silenced for the rest of the run, and the collect fails as a cancelled job does."""
+    noted: list[int] = []
+
+    def on_sigint(signum, frame) -> None:
+        if noted:
+            return
+        noted.append(signum)
+        logging.getLogger("py4j").setLevel(logging.CRITICAL)
+
+        def cancel() -> None:
+            try:
+                sctx.setLogLevel("OFF")
+                sctx.cancelAllJobs()
+            except Exception:   # the gateway going away already: the collect fails either way
+                pass
+        threading.Thread(target=cancel, daemon=True).start()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, on_sigint)
+    return noted
+
+
 def _failure(exc: Exception, tasks: int) -> str:
     """The first line of a task's error out of Spark's Java stack traces."""
     text = str(exc)
@@ -273,15 +304,20 @@ def _run(sc: Scenario, spark, endpoints: dict[str, str], out_dir: str, run_id: s
     if progress:
         print(f"loadtest {sc.name}: {len(specs)} tasks on {sctx.master}, run {run_id[:8]}, "
               f"{sc.warmup:g}s warm-up + {sc.duration:g}s measured", file=sys.stderr)
+    interrupted = _cancel_on_interrupt(sctx)
     try:
         from .task import run_partition
 
         rdd = sctx.parallelize(specs, len(specs)).barrier().mapPartitions(run_partition)
         collected = rdd.collect()     # the one action of this RDD: see the module's docstring
     except Exception as exc:
+        if interrupted:
+            raise Interrupted("interrupted: the load test was stopped before its tasks reported, so there are no "
+                              "results to keep (the broker it started, and Spark, are stopped)") from None
         raise LoadTestError(f"the load test failed: {_failure(exc, len(specs))}") from None
     finally:
         ticker.stop()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     tables = merge(collected, run_id)
     agreed = collected[0]["t0_wall_ns"] if collected else 0
     tables["runs"] = [{
