@@ -33,12 +33,35 @@ _WAIT_S = 20.0      # the longest one waits (a worker gives up on the supervisor
 _ADDRESSES_MAX = 10_000
 
 
+class Blocked:
+    """Addresses blocked until a time (the supervisor's decision, every worker's copy)."""
+
+    def __init__(self) -> None:
+        self._until: dict[str, float] = {}
+
+    def block(self, address: str, seconds: float) -> None:
+        self._until[address] = time.monotonic() + seconds
+
+    def __contains__(self, address: str) -> bool:
+        until = self._until.get(address)
+        if until is None:
+            return False
+        if time.monotonic() >= until:
+            del self._until[address]
+            return False
+        return True
+
+    def prune(self) -> None:
+        now = time.monotonic()
+        self._until = {a: u for a, u in self._until.items() if u > now}
+
+
 class Attempts:
     def __init__(self, settings: Callable[[], SecurityConfig], block: Callable[[str, float], None]) -> None:
         self._settings = settings
         self._block_everywhere = block
         self._failures: dict[str, collections.deque[float]] = {}
-        self._blocked: dict[str, float] = {}
+        self._blocked = Blocked()
         self._under_way: dict[str, int] = {}
         self._by_worker: dict[int, collections.Counter] = {}
         self._waiting: dict[str, collections.deque[tuple[float, int, asyncio.Future]]] = {}
@@ -46,7 +69,7 @@ class Attempts:
     async def begin(self, worker: int, address: str) -> bool:
         """Whether worker ``worker`` may check a password from ``address`` now (it waits its turn here)."""
         settings = self._settings()
-        if self._is_blocked(address):
+        if address in self._blocked:
             return False
         if not self._waiting.get(address) and self._may_start(address, settings):
             self._start(worker, address)
@@ -84,8 +107,8 @@ class Attempts:
         times.append(now)
         while times and now - times[0] > settings.failure_window:
             times.popleft()
-        if len(times) >= settings.failures_per_address and self._blocked.get(address, 0) <= now:
-            self._blocked[address] = now + settings.block_duration
+        if len(times) >= settings.failures_per_address and address not in self._blocked:
+            self._blocked.block(address, settings.block_duration)
             times.clear()
             log.warning("%s: %d failed authentications within %gs; blocking it for %gs",
                         address, settings.failures_per_address, settings.failure_window, settings.block_duration)
@@ -94,7 +117,7 @@ class Attempts:
         if len(self._failures) > _ADDRESSES_MAX:  # bounded memory under a spray of addresses
             window = settings.failure_window
             self._failures = {a: t for a, t in self._failures.items() if t and now - t[-1] <= window}
-            self._blocked = {a: u for a, u in self._blocked.items() if u > now}
+            self._blocked.prune()
 
     def worker_gone(self, worker: int) -> None:
         """A worker died: its checks under way end with it."""
@@ -109,15 +132,6 @@ class Attempts:
         return sum(self._under_way.values())
 
     # -- inside ---------------------------------------------------------------------------------------------
-    def _is_blocked(self, address: str) -> bool:
-        until = self._blocked.get(address)
-        if until is None:
-            return False
-        if time.monotonic() >= until:
-            del self._blocked[address]
-            return False
-        return True
-
     def _may_start(self, address: str, settings: SecurityConfig) -> bool:
         under_way = self._under_way.get(address, 0)
         if under_way >= settings.checks_per_address:
@@ -148,7 +162,7 @@ class Attempts:
             if fut.done():   # its wait ran out
                 queue.popleft()
                 continue
-            if self._is_blocked(address):
+            if address in self._blocked:
                 self._refuse_waiting(address)
                 return
             if not self._may_start(address, settings):

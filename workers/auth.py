@@ -20,11 +20,11 @@ import asyncio
 import logging
 import os
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Awaitable, Callable, TypeVar
 
 from cluster import passwords
+from cluster.attempts import Blocked
 from cluster.config import SecurityConfig
 from cluster.users import Registry, User
 
@@ -62,7 +62,7 @@ class Authenticator:
         self._dummy = passwords.dummy_hash(passwords.MIN_ITERATIONS)   # made to cost what the others do
         self._pool = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="auth",
                                         initializer=yield_to_the_loop)
-        self._blocked: dict[str, float] = {}
+        self._blocked = Blocked()   # the supervisor's blocks (cluster.attempts)
         # Set by the worker process: the supervisor's leave to check a password from an address, and the outcome.
         self.begin: Callable[[str], Awaitable[bool]] = _always
         self.end: Callable[[str, bool], None] = lambda address, failed: None
@@ -132,16 +132,10 @@ class Authenticator:
             self._pool, passwords.hash_password, password, self.config.iterations)
 
     def block(self, address: str, seconds: float) -> None:
-        self._blocked[address] = time.monotonic() + seconds
+        self._blocked.block(address, seconds)
 
     def is_blocked(self, address: str) -> bool:
-        until = self._blocked.get(address)
-        if until is None:
-            return False
-        if time.monotonic() >= until:
-            del self._blocked[address]
-            return False
-        return True
+        return address in self._blocked
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import difflib
 from typing import Iterable
 
-# NDJSON: request field -> the shard's argument, for each op (besides op/cmd, queue and id, which every op has)
-NDJSON = {
-    "push": ("data", "messages", "priority", "delay_ms", "dedup_id"),
+# NDJSON: the request fields that go to the shard as its arguments, for each op
+ARGS = {
+    "push": ("priority", "delay_ms", "dedup_id"),
     "recv": ("max", "wait_ms", "visibility_ms", "release_on_close"),
     "ack": ("receipt", "receipts"),
     "extend": ("receipt", "visibility_ms"),
@@ -24,6 +24,7 @@ NDJSON = {
 }
 BATCH_ITEM = ("data", "priority", "delay_ms")   # a qpush ``messages`` item's
 _EVERY_REQUEST = ("op", "cmd", "queue", "id")
+_CONTENT = {"push": ("data", "messages")}   # what a push stores, read by ndjson_ops itself
 
 # NATS $Q JSON bodies, by op (``$Q.PUSH``'s payload is the message itself, an ack's is JetStream's verb)
 NATS = {
@@ -34,7 +35,7 @@ NATS = {
     "nack": ("delay",),
 }
 
-ALLOWED = {op: frozenset(_EVERY_REQUEST + fields) for op, fields in NDJSON.items()}
+ALLOWED = {op: frozenset(_EVERY_REQUEST + args + _CONTENT.get(op, ())) for op, args in ARGS.items()}
 
 
 def unknown(keys: Iterable[str], allowed: Iterable[str]) -> dict | None:

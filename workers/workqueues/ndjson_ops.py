@@ -29,20 +29,9 @@ from .shard import MAX_BATCH
 if TYPE_CHECKING:
     from workers.ndjson import NdjsonSession
 
-# request field -> the shard's argument, for each op (anything else is refused first: fields.unknown)
 MAX_PIPELINED = 1024   # queue requests of one connection awaiting their replies before it waits for them
 
-_FIELDS = {
-    "push": ("priority", "delay_ms", "dedup_id"),
-    "recv": ("max", "wait_ms", "visibility_ms", "release_on_close"),
-    "ack": ("receipt", "receipts"),
-    "extend": ("receipt", "visibility_ms"),
-    "nack": ("receipt", "delay_ms"),
-    "dead": ("receipt",),
-    "stat": (),
-    "purge": (),
-    "redrive": ("to", "max"),
-}
+_FIELDS = known.ARGS   # request field -> the shard's argument, for each op (anything else is refused first)
 
 _dumps = orjson.dumps
 _LONG_DIGIT_RUN = codec._LONG_DIGIT_RUN
