@@ -127,6 +127,10 @@ class HttpServer:
         self._serving.add(task)
         try:
             await self._answer(reader, writer)
+        except asyncio.CancelledError:
+            # The server's end (the loop cancels what is left): asyncio's stream callback would log a traceback for
+            # a task that ended cancelled, so this one ends quietly, its connection closed.
+            writer.close()
         finally:
             self._serving.discard(task)
 

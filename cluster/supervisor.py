@@ -538,6 +538,11 @@ class Supervisor:
             unread += slot.channel.unsent()
             slot.channel.close()
         self._rehand(slot, control.decode_all(unread))
+        for req, (fut, who) in list(self._requests.items()):   # questions it will never answer: now, not in 2 s
+            if who.get("pid") == slot.pid:
+                del self._requests[req]
+                if not fut.done():
+                    fut.set_result({**who, "unresponsive": True})
         self.security.worker_gone(slot.index)
         self.admission.worker_gone(slot.index)
         if self._stop is not None:
