@@ -271,7 +271,7 @@ class Supervisor:
         # catch its ReloadSignal (SIGHUP) by then.
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGUSR2):
             loop.add_signal_handler(sig, self._signals.put_nowait, sig)
-        for sig in self._early_stops:   # arrived before this loop handled them (cli.main)
+        for sig in self._early_stops:   # arrived before this loop handled them (cli.entry)
             self._signals.put_nowait(sig)
         self.status = ServiceStatus(self.notifier, self._watchdog_usec, self)
         self.status.start()

@@ -84,7 +84,8 @@ _COUNTERS, _FIN, _SYNC = "cnt", "fin", "sync"
 # Limits a client of this worker broke (the supervisor counts the connection limits), by the limit's name: /varz
 # "breaches", /metrics shardbroker_limit_breaches.  "max_payload" is the protocol's own: NDJSON's line, NATS'
 # payload, Bridge's publish, qlite's message.
-BREACHES = ("max_subscriptions", "max_subscriptions_per_user", "max_payload", "max_control_line", "handshake_timeout", _POLLS, _POLLS_PER_WORKER)
+BREACHES = ("max_subscriptions", "max_subscriptions_per_user", "max_payload", "max_control_line", "handshake_timeout",
+            _POLLS, _POLLS_PER_WORKER)
 
 
 async def _no_supervisor(message: dict) -> dict:
