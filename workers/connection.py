@@ -200,13 +200,17 @@ class Connection(asyncio.Protocol):
             if len(self._held) >= _HELD_MAX:
                 self.pause(PAUSE_SYNC)  # a suspension that keeps reading holds only so much
             return
+        if self._run_guarded(items) and self.hub.holding and not self.closed:
+            self.hold()
+
+    def _run_guarded(self, items: list) -> bool:
+        """``_run``; False if it raised (then the connection is closed: ``_failed``)."""
         try:
             self._run(items)
         except Exception:
             self._failed("a client's request")
-            return
-        if self.hub.holding and not self.closed:
-            self.hold()
+            return False
+        return True
 
     def _failed(self, where: str) -> None:
         """A bug met while serving this client (``guard``: counted, logged at most once a minute per place): the
@@ -256,12 +260,7 @@ class Connection(asyncio.Protocol):
             # send messages after this worker told the others it sends nothing more.
             return
         held, self._held = self._held or [], None
-        try:
-            self._run(held)
-        except Exception:
-            self._failed("a client's request")
-            return
-        if self._held is None:
+        if self._run_guarded(held) and self._held is None:
             self.resume(PAUSE_SYNC)
 
     # -- outbound -------------------------------------------------------------------------------------------
@@ -454,6 +453,12 @@ class Connection(asyncio.Protocol):
         """The connection's user was deleted: it has no business staying connected."""
         self.reason = "user deleted"
         self.close()
+
+    @property
+    def party(self) -> str:
+        """Whom the per-user limits count this connection against: its user, else (security off, or not logged
+        in yet) its address."""
+        return self.user.name if self.user is not None else self.peer[0]
 
     def subjects(self) -> list[str]:
         return sorted({sub.subject for sub in self.subs.values()})

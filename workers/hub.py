@@ -54,6 +54,7 @@ from .polls import PER_CONNECTION as _POLLS, PER_WORKER as _POLLS_PER_WORKER, Pe
 from .queues import QueueTable
 from .shardstate import SubjectTable
 from .speedups import msg_tails
+from .tally import Tally
 from .workqueues.service import CONTROL_KINDS as _QUEUE_KINDS
 
 if TYPE_CHECKING:
@@ -185,7 +186,7 @@ class Hub:
         self._remote_by_peer: dict[int, set[str]] = {p: set() for p in range(workers) if p != index}
         self.queues = QueueTable(index)
         self.queue_dropped = 0
-        self._by_party: dict[str, int] = {}   # subscriptions standing here per user (or client address)
+        self._by_party = Tally()   # subscriptions standing here per user (or client address)
         self.routes: dict[str, Route] = {}
         self.routes_b: dict[bytes, Route] = {}   # the same routes by the subject's bytes, as NATS clients send it
         self._seen: set[str] = set()              # subjects routed since it was last emptied (route_for)
@@ -276,11 +277,6 @@ class Hub:
         self.routes = {}
         self.routes_b = {}
 
-    @staticmethod
-    def party(conn: "Connection") -> str:
-        """Who a connection's subscriptions count against: its user with security on, else its address."""
-        return conn.user.name if conn.user is not None else conn.peer[0]
-
     def subscription_refused(self, conn: "Connection") -> str | None:
         """The limit one more subscription of ``conn`` would break (and which is counted as broken), or None.
         Every worker holds every worker's patterns, so one connection's limit times many connections would let
@@ -289,24 +285,20 @@ class Hub:
         over = None
         if len(conn.subs) >= limits.max_subscriptions:
             over = "max_subscriptions"
-        elif self._by_party.get(self.party(conn), 0) >= limits.max_subscriptions_per_user:
+        elif self._by_party[conn.party] >= limits.max_subscriptions_per_user:
             over = "max_subscriptions_per_user"
         if over is not None:
             self.breach(over)
         return over
 
     def _counted_in(self, sub: Subscription) -> None:
-        party = sub.party = self.party(sub.conn)
-        self._by_party[party] = self._by_party.get(party, 0) + 1
+        sub.party = sub.conn.party
+        self._by_party.add(sub.party)
 
     def _counted_out(self, sub: Subscription) -> None:
         party, sub.party = sub.party, None
         if party is not None:
-            left = self._by_party[party] - 1
-            if left:
-                self._by_party[party] = left
-            else:
-                del self._by_party[party]
+            self._by_party.remove(party)
 
     def subscribe(self, sub: Subscription, on_synced: Callable[[], None]) -> bool:
         """Add ``sub``.  True if it is in force on every worker now; otherwise ``on_synced`` is called once it is."""

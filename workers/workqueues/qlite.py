@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Callable
 from workers.auth import RateLimited
 from workers.connection import Connection
 from workers.message import KIND_RAW, as_bytes
+from workers.tally import Tally
 
 from . import qlite_codec as codec
 from .model import D_DATA, D_KIND, D_RECEIPT, DLQ_SUFFIX, receipt_bytes, receipt_text
@@ -60,7 +61,7 @@ REFUSAL = codec.REFUSAL     # the acceptor's, over limits.max_connections; ours,
 _HANDSHAKE = "handshake"
 # Per worker process (one hub each): connections in their handshake, and the logged-in ones by role.
 _seats: "weakref.WeakKeyDictionary[Hub, dict[str, int]]" = weakref.WeakKeyDictionary()
-_handshaking: "weakref.WeakKeyDictionary[Hub, dict[str, int]]" = weakref.WeakKeyDictionary()   # by address
+_handshaking: "weakref.WeakKeyDictionary[Hub, Tally]" = weakref.WeakKeyDictionary()   # by address
 _pool: ThreadPoolExecutor | None = None
 # Whether the owner's push result says how many messages are visible (then no stat goes with each PUSH).
 _ERRORS = {   # the queues' error codes -> qlite's texts
@@ -134,14 +135,14 @@ class QliteSession(Connection):
     # -- life cycle -----------------------------------------------------------------------------------------
     def opened(self) -> None:
         seats = _seats_of(self.hub)
-        by_address = _handshaking.setdefault(self.hub, {})
+        by_address = _handshaking.setdefault(self.hub, Tally())
         address = self.peer[0]
-        if seats[_HANDSHAKE] >= MAX_HANDSHAKES or by_address.get(address, 0) >= MAX_HANDSHAKES_PER_ADDRESS:
+        if seats[_HANDSHAKE] >= MAX_HANDSHAKES or by_address[address] >= MAX_HANDSHAKES_PER_ADDRESS:
             self.send(REFUSAL)
             self.close()
             return
         seats[_HANDSHAKE] += 1
-        by_address[address] = by_address.get(address, 0) + 1
+        by_address.add(address)
         self._seat = _HANDSHAKE
         self._challenge = codec.new_challenge()
         self.send(codec.greeting(self._challenge))
@@ -168,12 +169,7 @@ class QliteSession(Connection):
         if self._seat is not None:
             _seats_of(self.hub)[self._seat] -= 1
             if self._seat == _HANDSHAKE:
-                by_address = _handshaking[self.hub]
-                left = by_address[self.peer[0]] - 1
-                if left:
-                    by_address[self.peer[0]] = left
-                else:
-                    del by_address[self.peer[0]]
+                _handshaking[self.hub].remove(self.peer[0])
             self._seat = None
 
     def _handshake_expired(self) -> None:

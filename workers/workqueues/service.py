@@ -118,10 +118,9 @@ class QueueService:
             # one of these makes counts against its maker's share of the owner's queues (party)
             conn = hub.conns.get(cid)
             if conn is not None:
-                user = conn.user.name if conn.user is not None and hub.auth.enabled else None
-                args = dict(args, party=user or conn.peer[0])
-                if user is not None and op == "recv":
-                    args["user"] = user
+                args = dict(args, party=conn.party)
+                if op == "recv" and conn.user is not None and hub.auth.enabled:
+                    args["user"] = conn.user.name
         if op == "recv":
             if args.get("wait_ms"):   # a long poll: bounded per connection and worker (workers.polls)
                 reply = hub.polls.admit(cid, reply)

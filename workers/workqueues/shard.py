@@ -30,6 +30,7 @@ from typing import Callable, Iterator
 from router import guard
 from router.subjects import is_valid_literal
 from workers.message import KIND_JSON
+from workers.tally import Tally
 
 from . import history
 from .journal import Journal
@@ -140,7 +141,7 @@ class Shard:
         # cannot take every place from the others (0: no bound)
         self.max_queues_per_party = max_queues_per_party
         self._made_by: dict[str, str] = {}   # queue -> the party whose push or wait made it (while it lives)
-        self._made: dict[str, int] = {}      # party -> queues it made that live
+        self._made = Tally()                 # party -> queues it made that live
         self.forget_idle_s = forget_idle_s
         self._forget_at = time.monotonic() + forget_idle_s   # the next sweep for idle queues (_forget_idle)
         self._idle: dict[str, tuple] = {}    # queue -> its activity when the last sweep found it idle
@@ -220,25 +221,21 @@ class Shard:
             self.queues_refused += 1
             raise QueueError("too_many_queues", max=self.max_queues)
         per_party = self.max_queues_per_party
-        if party is not None and per_party and self._made.get(party, 0) >= per_party:
+        if party is not None and per_party and self._made[party] >= per_party:
             self._valid(name)
             self.queues_refused += 1
             raise QueueError("too_many_queues", max=per_party, per="user")
         q = self.queue(name)
         if party is not None:
             self._made_by[q.name] = party
-            self._made[party] = self._made.get(party, 0) + 1
+            self._made.add(party)
         return q
 
     def _gone(self, name: str) -> None:
         """Queue ``name`` was forgotten: its maker may make another."""
         party = self._made_by.pop(name, None)
         if party is not None:
-            left = self._made[party] - 1
-            if left:
-                self._made[party] = left
-            else:
-                del self._made[party]
+            self._made.remove(party)
 
     def _at(self, when: int, q: Queue) -> None:
         heapq.heappush(self._due, (when, q.name))
