@@ -14,7 +14,7 @@ arguments (``send_args``) while they import.  A worker whose boot pipe closes wi
 
 A worker holds: the boot pipe (read once), its end of the control socketpair, and nothing else.  Its exit is
 watched through a pidfd (where there are none, a pipe whose write end only the worker holds), which the
-supervisor's event loop reads.  docs/performance.md has the measurements.
+supervisor's event loop reads.  docs/performance-notes.md has the measurements.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ def default_parent() -> str:
     """``$XDG_RUNTIME_DIR`` (a writable directory), else ``/dev/shm`` (Linux's tmpfs for everyone, if writable and
     of ``SHM_MIN_SIZE`` or more), else the temp directory.  A tmpfs if there is one, as the systemd unit's
     ``/run/shardbroker`` is: the work queues' journals live here by default, need only outlive a worker, and cost
-    ~5 % more of the owner's CPU per message on a disk's filesystem (docs/performance.md).  The size, not the room
+    ~5 % more of the owner's CPU per message on a disk's filesystem (docs/performance-notes.md).  The size, not the room
     left, decides: ``brokerctl reload`` must find the directory however full the journals have made it."""
     import tempfile  # here and in create: workers import this module for remove() alone
 

@@ -5,7 +5,7 @@
     .venv/bin/python scripts/hotpath.py ndjson 10       # an NDJSON publisher and ten subscribers
     .venv/bin/python scripts/hotpath.py nats 1 --profile
 
-A profiling aid for changes to the hot path (docs/performance.md), not a benchmark of the broker: throughput on
+A profiling aid for changes to the hot path (docs/performance-notes.md), not a benchmark of the broker: throughput on
 real sockets is measured by ``brokerctl bench``.  The sessions and the hub are the real ones; the transport is a
 stand-in that accepts every write.
 """

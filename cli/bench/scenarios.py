@@ -103,7 +103,7 @@ def scenarios(nn: int, wide: int, rate: float, connections: int, qrate: float = 
         Scenario("connections", f"{connections:,} connections", "connections", connections=connections),
         # Work queues.  The producer is on the queue's owner, the consumers on the other workers, so receives and
         # acks cross workers and pushes do not (a push from another worker costs a round trip between workers
-        # per push: see docs/performance.md).
+        # per push: see docs/performance-notes.md).
         Scenario("qpush", "queue push, 1 producer", "throughput", 1, 0, queue=True, producer_at="owner"),
         Scenario("qwork1", "queue push→recv+ack 1→1", "throughput", 1, 1, queue=True, producer_at="owner",
                  consumer_at="other", goals=QUEUE_GOALS),
