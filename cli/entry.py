@@ -1,7 +1,7 @@
 """``brokerctl``'s entry point: as little as possible before a Ctrl-C is handled.
 
-``brokerctl start`` notes Ctrl-C and SIGTERM from its first line of Python on (``STOPS``) and hands them to the
-supervisor once its loop runs: a stop while the broker is still starting is a stop like any other (exit 0, no
+``brokerctl start`` notes Ctrl-C and SIGTERM from its first line of Python on (``cli.stops.STOPS``) and hands them
+to the supervisor once its loop runs: a stop while the broker is still starting is a stop like any other (exit 0, no
 traceback).  What comes before (the interpreter's own start, ~20 ms) is Python's.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import signal
 import sys
 
-STOPS: list[int] = []
+from .stops import STOPS
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 # Each command imports what it needs: `start` is on the broker's start-up path, and the client (asyncio), orjson
-# and the password prompts are not.  (scripts/startup_time.py measures it; see docs/performance.md.)
+# and the password prompts are not.  (scripts/startup_time.py measures it; see docs/performance-notes.md.)
 from .connect import (admin_connection_options, connect as _connect, connection_options as _connection_options,
                       given, parse_data, shared_option)
 from .queue_cmd import queue
@@ -95,7 +95,7 @@ def start(config_path: str | None, workers: str | None, bind: str | None, port: 
 
         Notifier(os.environ.get("NOTIFY_SOCKET")).send(STATUS=f"configuration error: {exc}", ERRNO=errno.EINVAL)
         sys.exit(2)
-    from .entry import STOPS
+    from .stops import STOPS
 
     sys.exit(Supervisor(config, early_stops=STOPS).run())
 

@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Callable
-
-if TYPE_CHECKING:
-    from .connection import Connection
+from typing import Callable, Protocol
 
 log = logging.getLogger("broker.backpressure")
 
@@ -29,12 +26,21 @@ CHECK_INTERVAL = 0.05
 PATIENCE = 5
 
 
+class Consumer(Protocol):
+    """What the watch needs of a connection (``workers.connection.Connection``)."""
+
+    cid: int
+    closed: bool
+    delivered_bytes: int
+    pending_bytes: int
+
+
 class Backpressure:
     def __init__(self, loop: asyncio.AbstractEventLoop, changed: Callable[[], None]) -> None:
         self._loop = loop
         self._changed = changed
         # conn -> [bytes its client had acknowledged at the last check, checks since without progress]
-        self._congested: dict["Connection", list] = {}
+        self._congested: dict[Consumer, list] = {}
         self._timer: asyncio.TimerHandle | None = None
         self.episodes = 0
         self.released = 0   # congested connections found not reading and let go
@@ -43,7 +49,7 @@ class Backpressure:
     def active(self) -> bool:
         return bool(self._congested)
 
-    def congested(self, conn: "Connection") -> None:
+    def congested(self, conn: Consumer) -> None:
         if conn in self._congested or conn.closed:
             return
         self._congested[conn] = [conn.delivered_bytes, 0]
@@ -53,7 +59,7 @@ class Backpressure:
         if self._timer is None:
             self._timer = self._loop.call_later(CHECK_INTERVAL, self._check)
 
-    def drained(self, conn: "Connection") -> None:
+    def drained(self, conn: Consumer) -> None:
         if self._congested.pop(conn, None) is not None and not self._congested:
             self._changed()
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from . import bridge_codec as codec
 from .connection import Connection
-from .hub import Hub, Subscription
+from .hub import Hub
+from .subscription import Subscription
 from .message import KIND_RAW, as_bytes
 
 

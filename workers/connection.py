@@ -22,9 +22,12 @@ import socket
 import struct
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from router import guard
+
+from .connz_view import ConnzView
+from .turn import TURN_BUDGET
 
 try:
     import fcntl
@@ -33,9 +36,13 @@ except ImportError:  # not a POSIX system
     fcntl = termios = None
 
 if TYPE_CHECKING:
+    from cluster.config import LimitsConfig
     from cluster.users import User
 
-    from .hub import Hub
+    from .auth import Authenticator
+    from .backpressure import Backpressure
+    from .queues import QueueTable
+    from .subscription import Subscription
 
 log = logging.getLogger("broker.conn")
 
@@ -44,15 +51,37 @@ PAUSE_HOLD = 2  # the worker holds its publishers back (fabric congestion, consu
 _LINGER_RESET = struct.pack("ii", 1, 0)
 # Linux: unacknowledged bytes in a TCP socket's send queue (SIOCOUTQ, the same number as TIOCOUTQ).
 _SIOCOUTQ = termios.TIOCOUTQ if termios is not None and sys.platform.startswith("linux") else None
-TURN_BUDGET = 20_000  # publishes and deliveries one event-loop turn may make before leaving the rest to the next
 LINGER = 2.0  # seconds a closing connection waits for the client's own close once its output has drained
 _HELD_MAX = 1024  # items read while a request is pending (see suspend) before reading pauses
-# /connz fields (``info``) and the attributes that hold them, for sorting (``sort_field``)
-_SORT_ATTRS = {"cid": "cid", "out_msgs": "msgs_out", "in_msgs": "msgs_in", "out_bytes": "bytes_out",
-               "in_bytes": "bytes_in", "last_activity": "last_activity", "start": "started", "rtt": "rtt"}
 
 
-class Connection(asyncio.Protocol):
+class Host(Protocol):
+    """What a connection needs of the worker that holds it (``workers.hub.Hub``), so that this room does not
+    import the hub's."""
+
+    loop: asyncio.AbstractEventLoop
+    limits: "LimitsConfig"
+    auth: "Authenticator"
+    backpressure: "Backpressure"
+    queues: "QueueTable"
+    held: set
+    holding: bool
+    stopping: bool
+    stall_bytes: int
+    turn_work: int
+
+    def register(self, conn: "Connection") -> None: ...
+    def unregister(self, conn: "Connection") -> None: ...
+    def breach(self, limit: str) -> None: ...
+    def slow_consumer(self, conn: "Connection") -> None: ...
+    def settle(self, conn: "Connection") -> None: ...
+    def mark_dirty(self, conn: "Connection") -> None: ...
+    def subscribe(self, sub: "Subscription", on_synced: Callable[[], None]) -> bool: ...
+    def unsubscribe(self, sub: "Subscription") -> None: ...
+    def subscription_changed(self) -> None: ...
+
+
+class Connection(ConnzView, asyncio.Protocol):
     protocol = "?"
     echo = True  # whether this connection receives its own messages (NATS CONNECT echo:false turns it off)
     close_on_eof = True  # a client's half-close ends the session once it is answered (Bridge subscribers stay)
@@ -66,7 +95,7 @@ class Connection(asyncio.Protocol):
     moved = False
     arriving: dict | None = None
 
-    def __init__(self, hub: "Hub", cid: int) -> None:
+    def __init__(self, hub: Host, cid: int) -> None:
         self.hub = hub
         self.cid = cid
         self.transport: asyncio.Transport | None = None
@@ -459,35 +488,3 @@ class Connection(asyncio.Protocol):
         """Whom the per-user limits count this connection against: its user, else (security off, or not logged
         in yet) its address."""
         return self.user.name if self.user is not None else self.peer[0]
-
-    def subjects(self) -> list[str]:
-        return sorted({sub.subject for sub in self.subs.values()})
-
-    def sort_field(self, name: str) -> float:
-        """A field of ``info`` that /connz sorts by (cluster/connz.py), read without building the whole dict."""
-        if name == "subscriptions":
-            return len(self.subs)
-        if name == "pending_bytes":
-            return self.pending_bytes
-        return getattr(self, _SORT_ATTRS[name], 0)
-
-    def info(self) -> dict:
-        """This connection in nats-server's /connz shape (plus ``protocol`` and, from the worker, ``worker``)."""
-        return {
-            "cid": self.cid, "kind": "Client", "type": self.protocol, "protocol": self.protocol,
-            "ip": self.peer[0], "port": self.peer[1], "start": self.started,
-            "authorized_user": self.user.name if self.user is not None else "",
-            "subscriptions": len(self.subs), "pending_bytes": self.pending_bytes,
-            "in_msgs": self.msgs_in, "in_bytes": self.bytes_in, "out_msgs": self.msgs_out, "out_bytes": self.bytes_out,
-            "out_wire_bytes": self.flushed_total, "last_activity": self.last_activity,
-            "name": "", "lang": "", "version": "",
-        } | (self._tls_info() if self.tls else {})
-
-    def _tls_info(self) -> dict:
-        """nats-server's /connz TLS fields."""
-        ssl_object = self.transport.get_extra_info("ssl_object") if self.transport is not None else None
-        if ssl_object is None:
-            return {}
-        cipher = ssl_object.cipher()
-        return {"tls_version": (ssl_object.version() or "").replace("TLSv", ""),
-                "tls_cipher_suite": cipher[0] if cipher else ""}

@@ -38,24 +38,24 @@ import collections
 import itertools
 import logging
 import time
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable, Protocol
 
-from router import guard, shardmap
+from router import control, guard, shardmap
 from router.fabric import Fabric
 from router.subjects import is_literal
 from router.sublist import Sublist
 
 from . import ndjson_codec, speedups
 from .backpressure import Backpressure
-from .connection import TURN_BUDGET
 from .message import KIND_RAW, as_bytes
 from .nats_codec import Outgoing, msg_tail
 from .polls import PER_CONNECTION as _POLLS, PER_WORKER as _POLLS_PER_WORKER, PendingPolls
 from .queues import QueueTable
 from .shardstate import SubjectTable
 from .speedups import msg_tails
+from .subscription import Subscription
 from .tally import Tally
-from .workqueues.service import CONTROL_KINDS as _QUEUE_KINDS
+from .turn import TURN_BUDGET, Turn
 
 if TYPE_CHECKING:
     import socket
@@ -64,7 +64,6 @@ if TYPE_CHECKING:
 
     from .auth import Authenticator
     from .connection import Connection
-    from .workqueues.service import QueueService
 
 log = logging.getLogger("broker.hub")
 
@@ -75,11 +74,11 @@ _SEEN_MAX = 65536   # subjects routed, remembered as strings (which the collecto
 _BATCH_DELIVERIES = 4096
 _BATCH_BYTES = 64 * 1024
 
-# Fabric control items (besides the fabric's own hello): interest changes, queue members, snapshots, subject
-# counters, and the end of a worker's traffic when it stops.
-_INTEREST_ADD, _INTEREST_DEL, _INTEREST_SNAPSHOT = "+", "-", "snap"
-_QUEUE_ADD, _QUEUE_DEL, _QUEUE_SNAPSHOT = "q+", "q-", "qsnap"
-_COUNTERS, _FIN, _SYNC = "cnt", "fin", "sync"
+# Fabric control items (router.control): interest changes, queue-group members, snapshots, subject counters, sync
+# points and the end of a worker's traffic when it stops.
+_INTEREST_ADD, _INTEREST_DEL, _INTEREST_SNAPSHOT = control.INTEREST_ADD, control.INTEREST_DEL, control.INTEREST_SNAPSHOT
+_QUEUE_ADD, _QUEUE_DEL, _QUEUE_SNAPSHOT = control.GROUP_ADD, control.GROUP_DEL, control.GROUP_SNAPSHOT
+_COUNTERS, _FIN, _SYNC = control.COUNTERS, control.FIN, control.SYNC
 
 
 # Limits a client of this worker broke (the supervisor counts the connection limits), by the limit's name: /varz
@@ -91,19 +90,6 @@ BREACHES = ("max_subscriptions", "max_subscriptions_per_user", "max_payload", "m
 
 async def _no_supervisor(message: dict) -> dict:
     raise RuntimeError("no supervisor to ask")
-
-
-class Subscription:
-    __slots__ = ("conn", "subject", "sid", "queue", "delivered", "max_msgs", "party")
-
-    def __init__(self, conn: "Connection", subject: str, sid: bytes | str, queue: str | None = None) -> None:
-        self.conn = conn
-        self.subject = subject
-        self.sid = sid              # NATS: the client's sid, echoed in MSG; NDJSON: the topic
-        self.queue = queue
-        self.delivered = 0
-        self.max_msgs = 0           # NATS UNSUB <sid> <max>: unsubscribe after this many (0: no limit)
-        self.party: str | None = None   # whose share it counts against while it stands (Hub.subscribe)
 
 
 class Route:
@@ -160,6 +146,17 @@ class Route:
         self.wild = ("*" in subject or ">" in subject) and not is_literal(subject)
 
 
+class Part(Protocol):
+    """What a part of the worker that the hub hosts (the work-queue service) hears from it (``Hub.attach``)."""
+
+    def peer_ready(self, peer: int) -> None: ...      # worker ``peer`` said hello: a new link, or its replacement
+    def peer_reset(self, peer: int) -> None: ...      # worker ``peer`` is gone
+    def connection_closed(self, cid: int) -> None: ...
+    def users_changed(self) -> None: ...              # users or permissions changed, in force here now
+    def tick(self) -> None: ...                       # about once a second
+    def stats(self) -> dict: ...                      # added to the worker's stats
+
+
 class Hub:
     def __init__(self, index: int, workers: int, config: "Config", auth: "Authenticator") -> None:
         self.index = index
@@ -177,7 +174,9 @@ class Hub:
         self.hand_over: Callable[[dict, socket.socket], bool] = lambda message, sock: False
         self.moved_in = self.moved_out = 0
         self.server_info: dict = {}   # what NATS clients are told in INFO, from the supervisor
-        self.queue_service: "QueueService | None" = None   # work queues (set by the worker process)
+        # The work-queue service, which the sessions' queue verbs use (set by the worker process; it attaches itself
+        # as a part, and the hub knows it only as one).
+        self.queue_service = None
 
         self.local = Sublist()
         self._local_refs: dict[str, int] = {}
@@ -192,8 +191,18 @@ class Hub:
         self._seen: set[str] = set()              # subjects routed since it was last emptied (route_for)
         self.generation = 0
 
-        self._dirty: list["Connection"] = []
-        self._flush_scheduled = False
+        # The end of every turn (workers.turn): what this room adds to it; the work queues add their own phases.
+        self.parts: list[Part] = []
+        self._control: dict[str, Callable[[int, tuple], None]] = {
+            _INTEREST_ADD: self._interest_add, _INTEREST_DEL: self._interest_del,
+            _INTEREST_SNAPSHOT: self._interest_snapshot, _QUEUE_ADD: self._group_add, _QUEUE_DEL: self._group_del,
+            _QUEUE_SNAPSHOT: self._group_snapshot, _COUNTERS: self._counters, _SYNC: self._sync, _FIN: self._fin}
+        self.turn = Turn(self.loop, self._new_turn)
+        self.turn.add("counters", self._end_counters)
+        self.turn.add("batch", self._end_batch)
+        self.turn.add("fabric", self._flush_fabric)
+        self.mark_dirty = self.turn.mark_dirty    # bound once: a connection calls it in every turn it has output
+        self.schedule_flush = self.turn.schedule
         self.turn_work = 0                        # publishes and deliveries made in this event-loop turn
         self.batch: Route | None = None           # the route whose consecutive messages are being batched
         # [messages from the fabric, next index, source worker, frame token, forwarded to a third worker]
@@ -215,7 +224,6 @@ class Hub:
         self.stall_bytes = max(1024, config.limits.max_pending_bytes // 4)
         self.holding = False                        # either of the two: publishers must wait
         self.polls = PendingPolls(self)
-        self._journal_retry = False
         self.breaches = dict.fromkeys(BREACHES, 0)
         self.started = time.time()
         self.msgs_in = self.bytes_in = self.msgs_out = self.bytes_out = 0
@@ -243,8 +251,8 @@ class Hub:
         self.wire_bytes_out += conn.flushed_total
         if conn.moved:
             return   # not a close: alive on another worker, which ends its leases and waits and reports its close
-        if self.queue_service is not None:
-            self.queue_service.connection_closed(conn.cid)
+        for part in self.parts:
+            part.connection_closed(conn.cid)
         self.polls.forget(conn.cid)
         self.report_closed(conn.cid)
 
@@ -380,8 +388,8 @@ class Hub:
             else:
                 conn.user = registry.get(user.name)  # a reload makes new user objects
         self._invalidate()
-        if self.queue_service is not None:
-            self.queue_service.users_changed()
+        for part in self.parts:
+            part.users_changed()
 
     # -- routing and delivery -------------------------------------------------------------------------------
     def route(self, subject: str) -> Route:
@@ -770,63 +778,23 @@ class Hub:
                 guard.call("a delivery barrier's callback", callback)
 
     # -- end of turn ----------------------------------------------------------------------------------------
-    def mark_dirty(self, conn: "Connection") -> None:
-        self._dirty.append(conn)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self.loop.call_soon(self._flush)
-
-    def schedule_flush(self) -> None:
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self.loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        """The end of a turn, in phases that each run whatever an earlier one raised (``guard``): a phase that
-        failed must not keep the fabric's frames or the other connections' output from leaving."""
-        self._flush_scheduled = False
+    def _new_turn(self) -> None:
         self.turn_work = 0
+
+    def _end_counters(self) -> None:
         if self._counted:
-            guard.call("the subject counters", self._fold_counts)
-        if self.queue_service is not None:
-            guard.call("the work-queue commit", self._commit_queues)
+            self._fold_counts()
+
+    def _end_batch(self) -> None:
         if self.batch is not None:
-            guard.call("the open batch", self.end_batch)
+            self.end_batch()
+
+    def _flush_fabric(self) -> None:
         if self.fabric is not None:
-            guard.call("the fabric's flush", self.fabric.flush)
-        dirty, self._dirty = self._dirty, []
-        for conn in dirty:
-            try:
-                conn.flush()
-            except Exception:
-                guard.failed("a connection's flush")
-        if self.queue_service is not None:
-            # background work of the queues, now that the replies are out
-            guard.call("the work queues' background work", self.queue_service.turn_done)
-
-    def _commit_queues(self) -> None:
-        try:
-            self.queue_service.commit()  # journal this turn's queue changes before any reply to them leaves
-        except OSError as exc:
-            self._journal_failed(exc)
-
-    def _journal_failed(self, exc: OSError) -> None:
-        """The queue journal could not be written (a full disk, an I/O error).  The replies to what it holds wait
-        until a later commit gets it into the file (the journal keeps it, and the file ends on a record boundary),
-        tried again every second; everything else this worker carries (pub/sub, the fabric, other replies) goes on
-        meanwhile instead of stopping with this flush."""
-        log.error("work-queue journal: %s; replies to queue changes wait until it can be written (retrying every "
-                  "second)", exc.strerror or exc)
-        if not self._journal_retry:
-            self._journal_retry = True
-
-            def retry() -> None:
-                self._journal_retry = False
-                self.schedule_flush()
-            self.loop.call_later(1.0, retry)
+            self.fabric.flush()
 
     def flush_now(self) -> None:
-        self._flush()
+        self.turn.run()
 
     # -- fabric handler -------------------------------------------------------------------------------------
     def on_messages(self, src: int, messages: list, token: tuple[int, int] | None) -> None:
@@ -865,56 +833,76 @@ class Hub:
         fabric.when_processed(acked)
         self.schedule_flush()
 
+    def handle(self, kinds: tuple[str, ...], handler: Callable[[int, tuple], None]) -> None:
+        """Fabric control items of these kinds (``router.control``) go to ``handler(src, item)``."""
+        for kind in kinds:
+            if kind in self._control:
+                raise ValueError(f"control item kind {kind!r} has a handler already")
+            self._control[kind] = handler
+
+    def attach(self, part: Part) -> None:
+        """``part`` hears of peers, closed connections, users changes and ticks, and adds to the stats."""
+        self.parts.append(part)
+
     def on_control(self, src: int, item: tuple) -> None:
-        kind = item[0]
-        if kind == _INTEREST_ADD:
-            if self.remote.insert(item[1], src):
-                self._remote_by_peer[src].add(item[1])
-                self._invalidate()
-        elif kind == _INTEREST_DEL:
-            if self.remote.remove(item[1], src):
-                self._remote_by_peer[src].discard(item[1])
-                self._invalidate()
-        elif kind == _INTEREST_SNAPSHOT:
-            self._forget_interest(src)
-            for pattern in item[1]:
-                self.remote.insert(pattern, src)
-            self._remote_by_peer[src] = set(item[1])
-            self._invalidate()
-        elif kind == _QUEUE_ADD:
-            if self.queues.add_remote(src, item[1], item[2]):
-                self._invalidate()
-        elif kind == _QUEUE_DEL:
-            if self.queues.remove_remote(src, item[1], item[2]):
-                self._invalidate()
-        elif kind == _QUEUE_SNAPSHOT:
-            self.queues.drop_peer(src)
-            for pattern, member in item[1]:
-                self.queues.add_remote(src, pattern, member)
-            self._invalidate()
-        elif kind == _COUNTERS:
-            self.owned.merge(item[1])
-        elif kind == _SYNC:
-            pass  # only its acknowledgement matters (after_inflight)
-        elif kind in _QUEUE_KINDS and self.queue_service is not None:
-            self.queue_service.on_control(src, item)
-        elif kind == _FIN:
-            self._fins.add(src)
-            if self._fins_changed is not None:
-                self._fins_changed.set()
+        handler = self._control.get(item[0])
+        if handler is None:
+            log.error("unknown fabric control item %r from worker %d", item[0], src)
         else:
-            log.error("unknown fabric control item %r from worker %d", kind, src)
+            handler(src, item)
+
+    def _interest_add(self, src: int, item: tuple) -> None:
+        if self.remote.insert(item[1], src):
+            self._remote_by_peer[src].add(item[1])
+            self._invalidate()
+
+    def _interest_del(self, src: int, item: tuple) -> None:
+        if self.remote.remove(item[1], src):
+            self._remote_by_peer[src].discard(item[1])
+            self._invalidate()
+
+    def _interest_snapshot(self, src: int, item: tuple) -> None:
+        self._forget_interest(src)
+        for pattern in item[1]:
+            self.remote.insert(pattern, src)
+        self._remote_by_peer[src] = set(item[1])
+        self._invalidate()
+
+    def _group_add(self, src: int, item: tuple) -> None:
+        if self.queues.add_remote(src, item[1], item[2]):
+            self._invalidate()
+
+    def _group_del(self, src: int, item: tuple) -> None:
+        if self.queues.remove_remote(src, item[1], item[2]):
+            self._invalidate()
+
+    def _group_snapshot(self, src: int, item: tuple) -> None:
+        self.queues.drop_peer(src)
+        for pattern, member in item[1]:
+            self.queues.add_remote(src, pattern, member)
+        self._invalidate()
+
+    def _counters(self, src: int, item: tuple) -> None:
+        self.owned.merge(item[1])
+
+    def _sync(self, src: int, item: tuple) -> None:
+        pass  # only its acknowledgement matters (after_inflight)
+
+    def _fin(self, src: int, item: tuple) -> None:
+        self._fins.add(src)
+        if self._fins_changed is not None:
+            self._fins_changed.set()
 
     def on_peer_hello(self, src: int) -> None:
         self.fabric.control(src, (_INTEREST_SNAPSHOT, list(self._local_refs)))
         self.fabric.control(src, (_QUEUE_SNAPSHOT, self.queues.snapshot()))
-        if self.queue_service is not None:
-            self.queue_service.peer_ready(src)
+        for part in self.parts:
+            part.peer_ready(src)
 
     def on_peer_reset(self, src: int) -> None:
         self._drop_peer_interest(src)
-        if self.queue_service is not None:
-            self.queue_service.peer_reset(src)
+        for part in self.parts:
+            part.peer_reset(src)
         if self._fins_changed is not None:
             self._fins_changed.set()  # a dead peer will send no fin: stop waiting for it
 
@@ -1004,14 +992,13 @@ class Hub:
                 self.fabric.control(owner, (_COUNTERS, counts))
         if self.fabric is not None:
             self.fabric.tick()
-        if self.queue_service is not None:
-            self.queue_service.tick()
+        for part in self.parts:
+            part.tick()
 
     def stats(self) -> dict:
         live = self.conns.values()
         pending = [c.pending_bytes for c in live]
-        shard = self.queue_service.shard if self.queue_service is not None else None
-        return {
+        stats = {
             "worker": self.index,
             "hot_path": speedups.IMPLEMENTATION,
             "connections": len(self.conns),
@@ -1032,15 +1019,6 @@ class Hub:
             "moved_out": self.moved_out,
             "breaches": dict(self.breaches),
             "pending_polls": self.polls.total,
-            # pushes and receives refused because the queue journal could not be written (a full disk)
-            "journal_refused": shard.journal_refused if shard is not None else 0,
-            # the queue journal's size now, and its rewrites as the live state (compactions) since the start
-            "journal_bytes": shard.journal.size if shard is not None else 0,
-            "journal_compactions": shard.compactions if shard is not None else 0,
-            # the work queues it holds, pushes and long polls refused for making one too many, idle ones forgotten
-            "workqueues": len(shard.queues) if shard is not None else 0,
-            "queues_refused": shard.queues_refused if shard is not None else 0,
-            "queues_forgotten": shard.queues_forgotten if shard is not None else 0,
             "pending_bytes": sum(pending),
             "pending_bytes_max": max(pending, default=0),   # the connection closest to being a slow consumer
             "backpressure_episodes": self.backpressure.episodes,
@@ -1050,3 +1028,6 @@ class Hub:
             "owned_subjects": len(self.owned),
             "fabric": self.fabric.stats() if self.fabric else {},
         }
+        for part in self.parts:
+            stats.update(part.stats())
+        return stats

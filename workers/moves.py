@@ -2,7 +2,7 @@
 
 A request for a queue is answered by the queue's owner; from any other worker it crosses the fabric there and
 back, which costs both workers CPU and the client two ZeroMQ hops of latency (~60 µs each here, more under load).
-A consumer on the owner drains a backlog about twice as fast as one a hop away (docs/performance.md).  So an
+A consumer on the owner drains a backlog about twice as fast as one a hop away (docs/performance-notes.md).  So an
 NDJSON connection whose first work-queue request is for a queue another worker owns, and which holds nothing on
 its worker, is handed to that owner together with what it sent and was not yet processed; the owner answers it
 from then on.  It happens once: later requests for queues owned elsewhere cross the fabric as they always did.
@@ -25,17 +25,40 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from .ndjson import NdjsonSession
+
+class Session(Protocol):
+    """What a move needs of an NDJSON session (``workers.ndjson.NdjsonSession``)."""
+
+    hub: Any
+    cid: int
+    user: Any
+    protocol: str
+    started: float
+    transport: Any
+    tls: bool
+    subs: dict
+    closed: bool
+    peer_eof: bool
+    paused: bool
+    moved: bool
+    reason: str
+    movable: bool
+    push_group: object | None
+    pending_replies: int
+    unprocessed: bytes
+
+    def suspend(self, items: list | None = None, keep_reading: bool = False) -> None: ...
+    def resume_held(self) -> None: ...
+    def flush(self) -> None: ...
 
 log = logging.getLogger("broker.moves")
 
 MAX_CARRIED = 1 << 20   # bytes read and not processed that may travel with a connection; more: it stays
 
 
-def target(session: "NdjsonSession", queue: str) -> int | None:
+def target(session: Session, queue: str) -> int | None:
     """Where ``session`` should go for its first request for ``queue`` (then it is started), or None (it stays;
     and it will not be asked again)."""
     session.movable = False
@@ -48,14 +71,14 @@ def target(session: "NdjsonSession", queue: str) -> int | None:
     return None if owner == hub.index else owner
 
 
-def start(session: "NdjsonSession", line: bytes, to: int) -> None:
+def start(session: Session, line: bytes, to: int) -> None:
     """Hold ``line`` (the request that decided it) and everything read after it, and move at the end of the turn,
     once the replies before it are written."""
     session.suspend([line])
     session.hub.loop.call_soon(_hand_over, session, to)
 
 
-def _carried(session: "NdjsonSession") -> bytes | None:
+def _carried(session: Session) -> bytes | None:
     """The held requests and the partial line after them, as the client sent them; None if they cannot travel."""
     held, tail = session.unprocessed()
     parts = []
@@ -71,7 +94,7 @@ def _carried(session: "NdjsonSession") -> bytes | None:
     return data if len(data) <= MAX_CARRIED else None
 
 
-def _hand_over(session: "NdjsonSession", to: int) -> None:
+def _hand_over(session: Session, to: int) -> None:
     if session.closed:
         return
     hub = session.hub

@@ -26,7 +26,8 @@ from router.subjects import covers, is_valid_pattern
 from . import nats_codec as codec
 from .auth import RateLimited
 from .connection import Connection
-from .hub import Hub, Subscription
+from .hub import Hub
+from .subscription import Subscription
 from .message import KIND_RAW
 from .workqueues import nats_ops as queue_ops
 

@@ -24,7 +24,8 @@ from . import admin
 from . import ndjson_codec as codec
 from .auth import RateLimited
 from .connection import Connection
-from .hub import Hub, Subscription
+from .hub import Hub
+from .subscription import Subscription
 from .message import KIND_JSON
 from .speedups import ndjson_runs
 from .workqueues.ndjson_ops import OPS as QUEUE_OPS

@@ -9,10 +9,11 @@ bound gets the queues' own refusal, ``too_many_waiters`` (retryable), which ever
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+import asyncio
+from typing import TYPE_CHECKING, Callable, Protocol
 
 if TYPE_CHECKING:
-    from .hub import Hub
+    from cluster.config import LimitsConfig
 
 Reply = Callable[[dict], None]
 REFUSED = {"ok": False, "error": "too_many_waiters", "retry": True}
@@ -20,8 +21,18 @@ PER_CONNECTION = "max_pending_polls"
 PER_WORKER = "max_pending_polls_per_worker"
 
 
+class Host(Protocol):
+    """What the bounds need of the worker (``workers.hub.Hub``): its limits as they stand (a reload changes
+    them), its loop, and where a breach is counted."""
+
+    loop: asyncio.AbstractEventLoop
+    limits: "LimitsConfig"
+
+    def breach(self, limit: str) -> None: ...
+
+
 class PendingPolls:
-    def __init__(self, hub: "Hub") -> None:
+    def __init__(self, hub: Host) -> None:
         self.hub = hub
         self._by_conn: dict[int, int] = {}
         self.total = 0

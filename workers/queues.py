@@ -20,7 +20,7 @@ from router.subjects import covers
 from router.sublist import Sublist
 
 if TYPE_CHECKING:
-    from .hub import Subscription
+    from .subscription import Subscription
 
 Member = tuple  # (group: str, worker: int, cid: int, sid: bytes, user: str | None)
 MayReceive = Callable[[str, str], bool]   # (user name, subject): whether that user may receive it now

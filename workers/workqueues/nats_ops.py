@@ -19,7 +19,7 @@ Errors are JSON replies ``{"ok":false,"error":...}`` with the NDJSON protocol's 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -33,8 +33,19 @@ from .service import PUSH_WORK, allowed
 from .shard import MAX_BATCH, MAX_WAIT_MS
 
 if TYPE_CHECKING:
-    from workers.hub import Hub, Subscription
-    from workers.nats import NatsSession
+    from workers.hub import Hub
+    from workers.subscription import Subscription
+
+
+class Session(Protocol):
+    """What the queue verbs need of a NATS session (``workers.nats.NatsSession``)."""
+
+    hub: "Hub"
+    cid: int
+    user: Any
+    closed: bool
+    gathered: "_Gathered | None"
+    _secure: bool
 
 PREFIX = b"$Q."
 _OPS = {"PUSH": "push", "RECV": "recv", "ACK": "ack", "STAT": "stat", "PURGE": "purge", "REDRIVE": "redrive"}
@@ -85,7 +96,7 @@ def _ack_args(verb: bytes, args: dict) -> tuple[str, dict] | dict | None:
     return None
 
 
-def handle(session: "NatsSession", subject_b: bytes, reply_b: bytes | None, headers: bytes | None,
+def handle(session: Session, subject_b: bytes, reply_b: bytes | None, headers: bytes | None,
            payload: bytes) -> None:
     """A PUB to ``$Q.…``: run it on the queue's owner, answer on ``reply_b`` (if any)."""
     try:
@@ -193,7 +204,7 @@ class _Gathered:
         self.replies: list[str | None] = []   # each request's reply subject
 
 
-def _gather(session: "NatsSession", op: str, queue: str, args: dict, reply: str | None) -> None:
+def _gather(session: Session, op: str, queue: str, args: dict, reply: str | None) -> None:
     group = session.gathered
     if group is not None and (group.op != op or group.queue != queue or len(group.args) >= MAX_BATCH):
         flush_gathered(session)
@@ -204,7 +215,7 @@ def _gather(session: "NatsSession", op: str, queue: str, args: dict, reply: str 
     group.replies.append(reply)
 
 
-def flush_gathered(session: "NatsSession") -> None:
+def flush_gathered(session: Session) -> None:
     """Send the connection's gathered requests: at the end of what it read, or before anything else it sent."""
     group, session.gathered = session.gathered, None
     service = session.hub.queue_service
@@ -229,7 +240,7 @@ def flush_gathered(session: "NatsSession") -> None:
     service.request(session.cid, *_GATHERED[op](group.queue, group.args), answer)
 
 
-def _answer(session: "NatsSession", reply: str | None, op: str, result: dict, args: dict | None = None) -> None:
+def _answer(session: Session, reply: str | None, op: str, result: dict, args: dict | None = None) -> None:
     """The broker's answer to a queue request goes to the requesting connection alone, on its own subscriptions
     that match ``reply``: never through the subject space, where it would reach whoever else subscribes to the
     reply subject (another user's inbox sniffer) or land on subjects the requester may not publish to."""
@@ -261,7 +272,7 @@ def _answer(session: "NatsSession", reply: str | None, op: str, result: dict, ar
     _deliver(hub, subs, Outgoing(reply_b, None, None, orjson.dumps(result)))
 
 
-def _own_subscriptions(session: "NatsSession", reply: str) -> list:
+def _own_subscriptions(session: Session, reply: str) -> list:
     """The connection's plain subscriptions that match ``reply`` and may receive it now."""
     return [sub for sub in session.hub.route(reply).nats if sub.conn is session]
 

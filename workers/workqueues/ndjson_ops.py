@@ -13,12 +13,13 @@ objects, stored together or not at all, answered with their ids in order).
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable, Protocol
 
 import orjson
 
 from workers import moves, ndjson_codec as codec
-from workers.connection import TURN_BUDGET, Connection
+from workers.connection import Connection
+from workers.turn import TURN_BUDGET
 from workers.message import KIND_JSON, as_json
 from workers.speedups import qpush_batch, unplain
 
@@ -26,8 +27,25 @@ from . import core, fields as known
 from .service import PUSH_WORK, allowed
 from .shard import MAX_BATCH
 
-if TYPE_CHECKING:
-    from workers.ndjson import NdjsonSession
+
+
+class Session(Protocol):
+    """What the queue verbs need of an NDJSON session (``workers.ndjson.NdjsonSession``)."""
+
+    hub: Any
+    cid: int
+    user: Any
+    leftover: Any
+    movable: bool
+    push_group: "_PushGroup | None"
+    pending_replies: int
+    _secure: bool
+
+    def reserve(self) -> list: ...
+    def fill(self, slot: list, data: bytes) -> None: ...
+    def send(self, data: bytes) -> None: ...
+    def suspend(self, items: list | None = None, keep_reading: bool = False) -> None: ...
+    def _reply_and_resume(self, reply: bytes | None) -> None: ...
 
 MAX_PIPELINED = 1024   # queue requests of one connection awaiting their replies before it waits for them
 
@@ -121,12 +139,12 @@ def _batch_data(line: bytes, items: list) -> list:
             for item in items]
 
 
-def _op(op: str) -> Callable[["NdjsonSession", dict, bytes], None]:
+def _op(op: str) -> Callable[[Session, dict, bytes], None]:
     fields = _FIELDS[op]
     defined = known.ALLOWED[op]
     render = _pushed if op == "push" else _render
 
-    def run(session: "NdjsonSession", req: dict, line: bytes) -> None:
+    def run(session: Session, req: dict, line: bytes) -> None:
         queue = req.get("queue")
         if type(queue) is not str or not queue:
             session.send(codec.reply(req, "invalid_queue"))
@@ -195,7 +213,7 @@ OPS = {"q" + op: _op(op) for op in _FIELDS}
 PUSH = OPS["qpush"]
 
 
-def push_run(session: "NdjsonSession", run: tuple) -> None:
+def push_run(session: Session, run: tuple) -> None:
     """A run of canonical single pushes to one queue with the same options (``speedups.ndjson_runs``: nothing but
     op, queue and data, in that order, then a priority and a delay or either, then a dedup_id for all or none),
     gathered as ``qpush`` gathers them, with one reply slot for the run instead of one per push and the data stored
@@ -255,7 +273,7 @@ class _PushGroup:
         self.replies: list[tuple[dict, list, int]] = []
 
 
-def flush_pushes(session: "NdjsonSession") -> None:
+def flush_pushes(session: Session) -> None:
     """Send the connection's gathered pushes: at the end of what it read, or before any other request."""
     group, session.push_group = session.push_group, None
     service = session.hub.queue_service

@@ -13,24 +13,27 @@ fabric, and its reply comes back to the connection that asked.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
-from router import shardmap
-from workers.connection import TURN_BUDGET
+from router import control, shardmap
+from workers.turn import TURN_BUDGET, Turn
 
 from .model import DLQ_SUFFIX
 from .shard import Shard
 
 if TYPE_CHECKING:
-    from workers.hub import Hub
+    from cluster.config import Config
+    from router.fabric import Fabric
+    from workers.auth import Authenticator
+    from workers.polls import PendingPolls
 
 log = logging.getLogger("broker.queues")
 
-REQUEST, REPLY, GONE = "wq", "wqr", "wq-gone"   # fabric control items
-CONTROL_KINDS = (REQUEST, REPLY, GONE)
+REQUEST, REPLY, GONE = control.WQ_REQUEST, control.WQ_REPLY, control.WQ_GONE   # fabric control items
 UNAVAILABLE_AFTER = 2.0
 Reply = Callable[[dict], None]
 
@@ -76,10 +79,35 @@ class _Pending:
         self.down_since = 0.0
 
 
+class Host(Protocol):
+    """What the service needs of the worker's hub (``workers.hub.Hub``), which hosts it as a part."""
+
+    index: int
+    workers: int
+    loop: asyncio.AbstractEventLoop
+    config: "Config"
+    auth: "Authenticator"
+    fabric: "Fabric | None"
+    conns: dict
+    polls: "PendingPolls"
+    turn: Turn
+    turn_work: int
+
+    def schedule_flush(self) -> None: ...
+    def handle(self, kinds: tuple[str, ...], handler: Callable[[int, tuple], None]) -> None: ...
+    def attach(self, part: object) -> None: ...
+
+
 class QueueService:
-    def __init__(self, hub: "Hub", shard: Shard) -> None:
+    def __init__(self, hub: Host, shard: Shard) -> None:
         self.hub = hub
         self.shard = shard
+        self._journal_retry = False
+        # Its shares of every turn's end (workers.turn), its fabric control items, and the worker's news.
+        hub.turn.add("journal", self._commit)
+        hub.turn.add("background", shard.turn_done)
+        hub.handle(control.WORK_QUEUE_KINDS, self.on_control)
+        hub.attach(self)
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
         self._used: dict[int, set[int]] = {}     # cid -> owners its requests went to
@@ -205,11 +233,40 @@ class QueueService:
                 self.hub.schedule_flush()
 
     # -- turn and tick --------------------------------------------------------------------------------------
-    def commit(self) -> None:
-        self.shard.commit()
+    def _commit(self) -> None:
+        try:
+            self.shard.commit()  # journal this turn's queue changes before any reply to them leaves
+        except OSError as exc:
+            self._journal_failed(exc)
 
-    def turn_done(self) -> None:
-        self.shard.turn_done()
+    def _journal_failed(self, exc: OSError) -> None:
+        """The queue journal could not be written (a full disk, an I/O error).  The replies to what it holds wait
+        until a later commit gets it into the file (the journal keeps it, and the file ends on a record boundary),
+        tried again every second; everything else this worker carries (pub/sub, the fabric, other replies) goes on
+        meanwhile instead of stopping with this turn's end."""
+        log.error("work-queue journal: %s; replies to queue changes wait until it can be written (retrying every "
+                  "second)", exc.strerror or exc)
+        if not self._journal_retry:
+            self._journal_retry = True
+
+            def retry() -> None:
+                self._journal_retry = False
+                self.hub.schedule_flush()
+            self.hub.loop.call_later(1.0, retry)
+
+    def stats(self) -> dict:
+        shard = self.shard
+        return {
+            # pushes and receives refused because the queue journal could not be written (a full disk)
+            "journal_refused": shard.journal_refused,
+            # the queue journal's size now, and its rewrites as the live state (compactions) since the start
+            "journal_bytes": shard.journal.size,
+            "journal_compactions": shard.compactions,
+            # the work queues it holds, pushes and long polls refused for making one too many, idle ones forgotten
+            "workqueues": len(shard.queues),
+            "queues_refused": shard.queues_refused,
+            "queues_forgotten": shard.queues_forgotten,
+        }
 
     def tick(self) -> None:
         self.shard.tick()
