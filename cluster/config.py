@@ -26,6 +26,7 @@ from router.subjects import is_valid_literal
 
 from . import certnames, passwords
 from .permissions import PermissionFormatError, Permissions
+from .protocols import BY_NAME, LISTENERS
 
 
 class ConfigError(Exception):
@@ -78,8 +79,7 @@ class ListenerTlsConfig:
 
 # false: plain TCP; true: the shared ``tls`` section; an object: that section with the object's keys over it
 ListenerTls = Union[bool, ListenerTlsConfig]
-TLS_LISTENERS = {"ndjson": "network", "nats": "nats", "bridge": "bridge", "qlite": "qlite",
-                 "monitoring": "monitoring"}   # listener -> its configuration section
+TLS_LISTENERS = LISTENERS   # listener -> its configuration section (cluster/protocols.py)
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ class TlsSettings:
 @dataclass(frozen=True)
 class NetworkConfig:
     bind: str = "127.0.0.1"
-    port: int = _port(8080)
+    port: int = _port(BY_NAME["ndjson"].default_port)
     tls: ListenerTls = False
 
 
@@ -179,7 +179,7 @@ class FabricConfig:
 class NatsConfig:
     enabled: bool = True
     bind: str | None = None
-    port: int = _port(4222)
+    port: int = _port(BY_NAME["nats"].default_port)
     max_payload: int = field(default=1 << 20, metadata=_meta(1, 64 << 20))
     max_control_line: int = field(default=4096, metadata=_meta(256, 1 << 20))
     ping_interval: float = field(default=120.0, metadata=_meta(0.05, 86400))
@@ -192,7 +192,7 @@ class NatsConfig:
 class BridgeConfig:
     enabled: bool = False
     bind: str | None = None
-    port: int = _port(9090)
+    port: int = _port(BY_NAME["bridge"].default_port)
     max_publish_bytes: int = field(default=1 << 20, metadata=_meta(1, 64 << 20))
     user: str | None = None  # with security on: the user whose permissions Bridge clients (no auth) act with
     tls: ListenerTls = False
@@ -203,7 +203,7 @@ class QliteConfig:
     """The qlite wire protocol (docs/qlite.md): one listener serving one work queue."""
     enabled: bool = False
     bind: str | None = None
-    port: int = _port(7070)  # qlite's own default, 8080, is the NDJSON port
+    port: int = _port(BY_NAME["qlite"].default_port)  # qlite's own default, 8080, is the NDJSON port
     queue: str = "qlite"
     max_publishers: int = field(default=1, metadata=_meta(1, 65535))     # per worker process
     max_subscribers: int = field(default=2, metadata=_meta(1, 65535))    # per worker process

@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any
 from router import shardmap
 from workers import speedups
 
-from . import control, datadir, runtime, systemd, tls
+from . import control, datadir, protocols, runtime, systemd, tls
 from .acceptor import Acceptor, Listener, bind
-from .admission import PER_ADDRESS, Admission
+from .admission import Admission
 from .command_socket import CommandServer
 from .config import Config, without_plaintext_passwords
 from .lameduck import LameDuck
@@ -58,7 +58,7 @@ NATS_PROTOCOL_LEVEL = "2.10.0"
 _CRASH_WINDOW, _CRASH_LIMIT = 60.0, 10   # more worker deaths than this within the window: stop, do not loop
 _ABORT_WAIT = 2.0   # seconds an aborted worker gets to write its stack trace and die before SIGKILL
 # The config key a passed listener stands in for (socket activation), by FileDescriptorName=.
-_SECTIONS = {"ndjson": "network", "nats": "nats", "bridge": "bridge", "qlite": "qlite", "monitoring": "monitoring"}
+_SECTIONS = protocols.LISTENERS
 
 
 @dataclass(eq=False)
@@ -193,9 +193,8 @@ class Supervisor:
         nats, bridge, qlite, monitoring), else the listener whose configured port is the socket's (one
         shardbroker.socket unit with several ListenStream= gives every fd the unit's name)."""
         cfg = self.config
-        enabled = {"ndjson": (True, cfg.network.port), "nats": (cfg.nats.enabled, cfg.nats.port),
-                   "bridge": (cfg.bridge.enabled, cfg.bridge.port), "qlite": (cfg.qlite.enabled, cfg.qlite.port),
-                   "monitoring": (cfg.monitoring.enabled, cfg.monitoring.port)}
+        enabled = {name: (protocols.listener_on(cfg, name), getattr(cfg, section).port)
+                   for name, section in _SECTIONS.items()}
         out: dict[str, socket.socket] = {}
         for name, sock in passed:
             if sock.family not in (socket.AF_INET, socket.AF_INET6):
@@ -224,18 +223,14 @@ class Supervisor:
             host, port = self._monitor_sock.getsockname()[:2]
             log.info("monitoring: listening on %s:%d, passed by systemd (monitoring.bind and monitoring.port are "
                      "not used)", host, port)
-        wanted = [("ndjson", cfg.network.bind, cfg.network.port, b'{"ok":false,"error":"max_connections"}\n')]
-        if cfg.nats.enabled:
-            wanted.append(("nats", cfg.bind_for(cfg.nats.bind), cfg.nats.port,
-                           b"-ERR 'maximum connections exceeded'\r\n"))
-        if cfg.bridge.enabled:
-            wanted.append(("bridge", cfg.bind_for(cfg.bridge.bind), cfg.bridge.port, b"F"))
-        if cfg.qlite.enabled:
-            from workers.workqueues.qlite_codec import REFUSAL   # a small codec: nothing of the workers comes with it
-
-            wanted.append(("qlite", cfg.bind_for(cfg.qlite.bind), cfg.qlite.port, REFUSAL))
+        wanted = []
+        for p in protocols.enabled(cfg):
+            section = getattr(cfg, p.section)
+            # the NDJSON listener's bind is its own; the others default to it (Config.bind_for)
+            wanted.append((p.name, section.bind if not p.optional else cfg.bind_for(section.bind), section.port,
+                           p.refusal))
         listeners = []
-        own = {"ndjson": {PER_ADDRESS: b'{"ok":false,"error":"max_connections_per_address"}\n'}}
+        own = {p.name: dict(p.refusals) for p in protocols.PROTOCOLS}
         # A qlite listener serves one queue: its connections go to the queue's owner, where every request they make
         # is answered without a hop between workers (and qlite's connection limits are the whole broker's).
         homes = {"qlite": shardmap.owner(cfg.qlite.queue, self.nworkers)}

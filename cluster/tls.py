@@ -23,6 +23,7 @@ import tempfile
 import time
 from typing import Callable, Iterator
 
+from . import protocols
 from .certnames import describe
 from .config import TLS_LISTENERS, Config, TlsSettings, tls_settings
 
@@ -37,9 +38,8 @@ class TlsError(Exception):
 
 def enabled(config: Config) -> list[TlsSettings]:
     """The settings of every listener that is on and has TLS."""
-    on = {"ndjson": True, "nats": config.nats.enabled, "bridge": config.bridge.enabled,
-          "qlite": config.qlite.enabled, "monitoring": config.monitoring.enabled}
-    return [s for s in (tls_settings(config, name) for name in TLS_LISTENERS if on[name]) if s is not None]
+    return [s for s in (tls_settings(config, name) for name in TLS_LISTENERS if protocols.listener_on(config, name))
+            if s is not None]
 
 
 def read(config: Config) -> Material:

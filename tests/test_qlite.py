@@ -149,6 +149,9 @@ def test_codec_refusal_bytes():
     assert PROTOCOL == "qlite"
     assert REFUSAL is codec.REFUSAL
     assert REFUSAL == codec.frame(b"FAIL;error: the max amount of connections have already been connected")
+    from cluster.protocols import BY_NAME
+
+    assert BY_NAME["qlite"].refusal == REFUSAL   # what the acceptor writes is the codec's frame
 
 
 # -- configuration ------------------------------------------------------------------------------------------------

@@ -29,19 +29,16 @@ import socket
 import sys
 import time
 
-from cluster import connz, control, runtime
+from cluster import connz, control, protocols, runtime
 from cluster.config import Config, from_document
 from cluster.logs import flush_floods, setup_logging
 from router.fabric import Fabric
 
 from .auth import Authenticator
-from .bridge import BridgeSession
 from .hub import Hub
 from .lameduck import LameDuck
 from .looplag import LoopLag
-from .nats import NatsSession
 from .tls import WorkerTls
-from .ndjson import NdjsonSession
 from . import reconfigure, workqueues
 
 log = logging.getLogger("broker.worker")
@@ -49,7 +46,6 @@ log = logging.getLogger("broker.worker")
 EXIT_BOOT_FAILED = 3
 ORPHAN_CLOSE_WAIT = 0.2  # seconds an orphaned worker gives its closes to reach the kernel before it exits
 
-SESSIONS = {"ndjson": NdjsonSession, "nats": NatsSession, "bridge": BridgeSession}  # + qlite when enabled
 
 
 def main(index: int, epoch: int, workers: int, config: Config, runtime_dir: str, ctl_sock: socket.socket,
@@ -171,10 +167,9 @@ class Worker:
         self.hub.report_closed = self._report_closed
         self.hub.hand_over = lambda message, sock: self.ctl.send(message, sock=sock)
         self.hub.queue_service = workqueues.start(self.index, cfg, self.runtime_dir, self.hub)
-        if cfg.qlite.enabled:  # imported only then: a worker's imports are most of its start-up
-            from .workqueues.qlite import QliteSession
-
-            SESSIONS["qlite"] = QliteSession
+        # The session of each listener that is on (cluster/protocols.py), imported only then: a worker's imports
+        # are most of its start-up.
+        self.sessions = {p.name: protocols.session_class(p) for p in protocols.enabled(cfg)}
         self.hub.fabric = Fabric(self.index, self.workers, self.epoch, self.runtime_dir, self.hub,
                                  hwm=cfg.fabric.hwm, window_bytes=cfg.fabric.window_bytes,
                                  stall_timeout=cfg.fabric.stall_timeout)
@@ -273,7 +268,7 @@ class Worker:
     async def _adopt(self, msg: dict, fd: int) -> None:
         sock = socket.socket(fileno=fd)
         sock.set_inheritable(False)
-        session = SESSIONS.get(msg.get("p"))
+        session = self.sessions.get(msg.get("p"))
         hub = self.hub
         cid = int(msg["cid"])
         if session is None or self._stopping or hub is None:

@@ -14,16 +14,11 @@ import logging
 import socket
 from typing import Callable
 
-from cluster import tls
+from cluster import protocols, tls
 from cluster.config import Config
 
 log = logging.getLogger("broker.tls")
 
-# What a client that speaks plaintext to a TLS port is told, in plaintext, before the close (nats-server's words
-# for NATS).  qlite's clients wait for the server's greeting, so they never get this far: they time out.
-REFUSALS = {"ndjson": b'{"ok":false,"error":"tls_required"}\n',
-            "nats": b"-ERR 'Secure Connection - TLS Required'\r\n",
-            "bridge": b"F"}
 AUTO_FIRST = 0.05   # nats-server's handshake_first "auto": this long for a ClientHello, then INFO in plaintext
 
 
@@ -64,12 +59,12 @@ class WorkerTls:
         session.tls_verify = s.verify or s.verify_and_map
         session.tls_map = s.verify_and_map
         greeting = greet_after = None
-        if protocol == "nats" and s.handshake_first is not True:
+        if protocols.BY_NAME[protocol].greets_first and s.handshake_first is not True:
             # nats-server's order: INFO in plaintext (saying tls_required), then the client's handshake
             greeting = lambda: session.tls_greeting(peer)   # noqa: E731
             greet_after = AUTO_FIRST if s.handshake_first == "auto" else None
         outcome, why = await tls.accept(sock, ctx, s.handshake_timeout, lambda: session,
-                                        REFUSALS.get(protocol, b""), greeting, greet_after)
+                                        protocols.BY_NAME[protocol].tls_refusal, greeting, greet_after)
         self.counts[outcome] += 1
         if outcome != "ok" and outcome != "closed":
             log.info("cid:%d %s:%d %s: TLS handshake %s: %s; closed", session.cid, peer[0], peer[1], protocol,
