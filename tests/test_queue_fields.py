@@ -86,3 +86,17 @@ def test_without_security_each_address_has_its_share(start_broker):
         assert [greedy.request({"op": "qpush", "queue": f"g{i}", "data": i})["ok"] for i in range(5)] == \
             [True, True, True, False, False]
         assert other.request({"op": "qpush", "queue": "mine", "data": 1})["ok"]
+
+
+def test_one_table_of_queue_operations_is_what_every_protocol_spells():
+    """workers/workqueues/operations.py is the vocabulary: the shard runs its rows, NDJSON's ops and NATS' $Q
+    verbs are its spellings, and every qlite command runs one of its operations."""
+    from workers.workqueues import nats_ops, ndjson_ops, operations, qlite, shard
+
+    rows = operations.OPERATIONS
+    assert set(shard._OPS) == {op.name for op in rows}
+    assert set(ndjson_ops.OPS) == {op.ndjson for op in rows if op.ndjson}
+    assert nats_ops._OPS == {op.nats: op.name for op in rows if op.nats}
+    spelled = [command.encode() for op in rows for command in op.qlite]
+    assert sorted(spelled) == sorted(qlite._VERBS), "each qlite command is one operation's, once"
+    assert {op.name for op in rows if op.permission == operations.ADMIN} == {"purge", "redrive"}

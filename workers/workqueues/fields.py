@@ -10,32 +10,17 @@ from __future__ import annotations
 import difflib
 from typing import Iterable
 
-# NDJSON: the request fields that go to the shard as its arguments, for each op
-ARGS = {
-    "push": ("priority", "delay_ms", "dedup_id"),
-    "recv": ("max", "wait_ms", "visibility_ms", "release_on_close"),
-    "ack": ("receipt", "receipts"),
-    "extend": ("receipt", "visibility_ms"),
-    "nack": ("receipt", "delay_ms"),
-    "dead": ("receipt",),
-    "stat": (),
-    "purge": (),
-    "redrive": ("to", "max"),
-}
+from .operations import OPERATIONS
+
+# NDJSON: the request fields that go to the shard as its arguments, for each op it spells (operations.OPERATIONS)
+ARGS = {op.name: op.args for op in OPERATIONS if op.ndjson}
 BATCH_ITEM = ("data", "priority", "delay_ms")   # a qpush ``messages`` item's
 _EVERY_REQUEST = ("op", "cmd", "queue", "id")
-_CONTENT = {"push": ("data", "messages")}   # what a push stores, read by ndjson_ops itself
 
 # NATS $Q JSON bodies, by op (``$Q.PUSH``'s payload is the message itself, an ack's is JetStream's verb)
-NATS = {
-    "recv": ("batch", "expires", "no_wait", "visibility_ms", "release_on_close"),
-    "redrive": ("to", "max"),
-    "stat": (),
-    "purge": (),
-    "nack": ("delay",),
-}
+NATS = {op.name: op.nats_body for op in OPERATIONS if op.nats_body is not None}
 
-ALLOWED = {op: frozenset(_EVERY_REQUEST + args + _CONTENT.get(op, ())) for op, args in ARGS.items()}
+ALLOWED = {op.name: frozenset(_EVERY_REQUEST + tuple(name for name, _ in op.fields)) for op in OPERATIONS if op.ndjson}
 
 
 def unknown(keys: Iterable[str], allowed: Iterable[str]) -> dict | None:

@@ -28,6 +28,7 @@ from workers.message import KIND_RAW, as_bytes
 from workers.nats_codec import Outgoing
 
 from . import fields as known
+from .operations import OPERATIONS
 from .model import D_DATA, D_DELIVERIES, D_ID, D_KIND, D_RECEIPT, MS
 from .service import PUSH_WORK, allowed
 from .shard import MAX_BATCH, MAX_WAIT_MS
@@ -48,7 +49,7 @@ class Session(Protocol):
     _secure: bool
 
 PREFIX = b"$Q."
-_OPS = {"PUSH": "push", "RECV": "recv", "ACK": "ack", "STAT": "stat", "PURGE": "purge", "REDRIVE": "redrive"}
+_OPS = {op.nats: op.name for op in OPERATIONS if op.nats}   # $Q.<VERB> -> the operation
 _NO_MESSAGES = b"NATS/1.0 404 No Messages\r\n\r\n"
 _TIMEOUT = b"NATS/1.0 408 Request Timeout\r\n\r\n"
 

@@ -24,6 +24,7 @@ from workers.message import KIND_JSON, as_json
 from workers.speedups import qpush_batch, unplain
 
 from . import core, fields as known
+from .operations import OPERATIONS
 from .service import PUSH_WORK, allowed
 from .shard import MAX_BATCH
 
@@ -209,7 +210,7 @@ def _op(op: str) -> Callable[[Session, dict, bytes], None]:
     return run
 
 
-OPS = {"q" + op: _op(op) for op in _FIELDS}
+OPS = {op.ndjson: _op(op.name) for op in OPERATIONS if op.ndjson}
 PUSH = OPS["qpush"]
 
 

@@ -23,6 +23,7 @@ from router import control, shardmap
 from workers.turn import TURN_BUDGET, Turn
 
 from .model import DLQ_SUFFIX
+from .operations import ADMIN, BY_NAME, OPERATIONS, PUBLISH
 from .shard import Shard
 
 if TYPE_CHECKING:
@@ -45,9 +46,8 @@ Reply = Callable[[dict], None]
 PUSHES_PER_TURN = 128
 PUSH_WORK = TURN_BUDGET // PUSHES_PER_TURN
 
-_NEEDS = {"push": "publish", "purge": "admin", "redrive": "admin"}   # the rest: subscribe (stat: or admin)
-_TOKENED = ("push", "pushes")
-_MAKERS = ("push", "pushes", "recv")   # requests that may make a queue
+_TOKENED = frozenset(op.name for op in OPERATIONS if op.tokened)
+_MAKERS = frozenset(op.name for op in OPERATIONS if op.makes)   # requests that may make a queue
 
 
 def allowed(permissions, op: str, queue: str) -> bool:
@@ -56,10 +56,10 @@ def allowed(permissions, op: str, queue: str) -> bool:
     same patterns and wildcards as for subjects."""
     if permissions is None:
         return True
-    need = _NEEDS.get(op, "subscribe")
-    if need == "publish":
+    need = BY_NAME[op].permission
+    if need == PUBLISH:
         return permissions.may_publish(queue)
-    if need == "admin":
+    if need == ADMIN:
         return permissions.admin
     return permissions.may_subscribe(queue) or (op == "stat" and permissions.admin)
 

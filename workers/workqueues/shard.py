@@ -34,6 +34,7 @@ from workers.tally import Tally
 
 from . import history
 from .journal import Journal
+from .operations import OPERATIONS
 from .model import (D_RECEIPT, DLQ_SUFFIX, ENQUEUED, ID, KIND, MAX_PRIORITY, MS, PRIORITY, REDRIVEN, SOURCE, DATA,
                     Queue, QueueError, Settings, canonical_receipt, is_dlq, pushed_seqs,
                     record_text)
@@ -1137,7 +1138,4 @@ def _named_batches(clock: tuple, snapshots: list[tuple[str, Iterator[list[tuple]
             yield [(name, record) for record in batch]
 
 
-_OPS: dict[str, Callable] = {
-    "push": Shard._push, "pushes": Shard._pushes, "recv": Shard._recv, "ack": Shard._ack, "extend": Shard._extend,
-    "nack": Shard._nack, "dead": Shard._dead, "stat": Shard._stat, "purge": Shard._purge, "redrive": Shard._redrive,
-}
+_OPS: dict[str, Callable] = {op.name: getattr(Shard, "_" + op.name) for op in OPERATIONS}
