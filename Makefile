@@ -33,7 +33,7 @@ setup: $(VENV)/.installed
 # sure of a C compiler and Python's headers, build the extension if the first install could not.
 setup-test: $(VENV)/.installed-test
 	PYTHON=$(BIN)/python scripts/install-test-deps
-	@$(BIN)/python -c 'import workers._speedups, workers.workqueues._qcore' 2>/dev/null \
+	@$(BIN)/python -c 'import shardbroker.workers._speedups, shardbroker.workers.workqueues._qcore' 2>/dev/null \
 		|| $(BIN)/python -m pip install --quiet -e .
 
 setup-bench: $(VENV)/.installed-bench

@@ -1,3 +1,3 @@
-from .entry import main
+from shardbroker.cli.entry import main
 
 main()

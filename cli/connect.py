@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 if TYPE_CHECKING:
-    from .client import BlockingClient
+    from shardbroker.cli.client import BlockingClient
 
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8080
 URL_ENV = "BROKER_URL"
@@ -130,7 +130,7 @@ def tls_context():
         return None
     import ssl
 
-    from .client import tls_context as make
+    from shardbroker.cli.client import tls_context as make
 
     try:
         return make(ca, cert, key)
@@ -156,8 +156,8 @@ def connect(as_admin: bool = False) -> "BlockingClient":
     # imported here: `brokerctl start` is on the broker's start-up path and needs none of it
     import ssl
 
-    from . import secrets
-    from .client import BlockingClient, BrokerError
+    from shardbroker.cli import secrets
+    from shardbroker.cli.client import BlockingClient, BrokerError
 
     host, port = target()
     if as_admin:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import signal
 import sys
 
-from .stops import STOPS
+from shardbroker.cli.stops import STOPS
 
 
 def main() -> None:
@@ -18,6 +18,6 @@ def main() -> None:
     if command == "start":
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda signum, frame: STOPS.append(signum))
-    from .main import main as run   # click and every command's options: the bulk of the start-up
+    from shardbroker.cli.main import main as run  # click and every command's options: the bulk of the start-up
 
     run()

@@ -10,11 +10,13 @@ import click
 
 # Each command imports what it needs: `start` is on the broker's start-up path, and the client (asyncio), orjson
 # and the password prompts are not.  (scripts/startup_time.py measures it; see docs/performance-notes.md.)
-from .connect import (admin_connection_options, connect as _connect, connection_options as _connection_options,
-                      given, parse_data, shared_option)
-from .queue_cmd import queue
-from .loadtest.command import loadtest
-from .top import top  # click only: textual is imported when `top` runs its console
+from shardbroker.cli.connect import (
+    admin_connection_options, connect as _connect, connection_options as _connection_options, given, parse_data,
+    shared_option,
+)
+from shardbroker.cli.queue_cmd import queue
+from shardbroker.cli.loadtest.command import loadtest
+from shardbroker.cli.top import top  # click only: textual is imported when `top` runs its console
 
 
 def _count(value: str | None) -> Any:
@@ -30,7 +32,7 @@ def _count(value: str | None) -> Any:
 def _version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
     if not value or ctx.resilient_parsing:
         return
-    from cluster import VERSION  # looked up only when asked: it costs the start-up path ~15 ms
+    from shardbroker.cluster import VERSION  # looked up only when asked: it costs the start-up path ~15 ms
 
     click.echo(f"brokerctl (shardbroker) {VERSION}")
     ctx.exit()
@@ -66,8 +68,8 @@ def start(config_path: str | None, workers: str | None, bind: str | None, port: 
           monitor_port: int | None,
           no_monitoring: bool, grace: float | None, log_level: str | None, event_loop: str | None) -> None:
     """Start the supervisor and its workers; Ctrl-C or SIGTERM stops them cleanly."""
-    from cluster.config import ConfigError, load
-    from cluster.supervisor import Supervisor
+    from shardbroker.cluster.config import ConfigError, load
+    from shardbroker.cluster.supervisor import Supervisor
 
     overrides = {
         "workers.count": _count(workers),
@@ -91,11 +93,11 @@ def start(config_path: str | None, workers: str | None, bind: str | None, port: 
         click.echo(f"brokerctl: configuration error: {exc}", err=True)
         import errno
 
-        from cluster.systemd import Notifier
+        from shardbroker.cluster.systemd import Notifier
 
         Notifier(os.environ.get("NOTIFY_SOCKET")).send(STATUS=f"configuration error: {exc}", ERRNO=errno.EINVAL)
         sys.exit(2)
-    from .stops import STOPS
+    from shardbroker.cli.stops import STOPS
 
     sys.exit(Supervisor(config, early_stops=STOPS).run())
 
@@ -116,11 +118,11 @@ def _supervisor_options(fn):
 
 def _ask_supervisor(request: dict, pid: int | None, runtime_dir: str | None, config_path: str | None,
                     timeout: float) -> dict:
-    from cluster import command_socket, runtime
+    from shardbroker.cluster import command_socket, runtime
 
     parent = runtime_dir
     if parent is None and config_path is not None:
-        from cluster.config import ConfigError, load
+        from shardbroker.cluster.config import ConfigError, load
 
         try:
             parent = load(config_path, check_paths=False).runtime.dir
@@ -147,7 +149,7 @@ def reload(pid: int | None, runtime_dir: str | None, config_path: str | None, ti
     changed, or a TLS file no longer loads, nothing is applied, the keys are named, and the exit code is 1.  The
     answer comes once the reload is over (a unit's ExecReload=).
     """
-    from cluster.reload import Outcome
+    from shardbroker.cluster.reload import Outcome
 
     answer = _ask_supervisor({"cmd": "reload"}, pid, runtime_dir, config_path, timeout)
     outcome = Outcome(**{k: answer[k] for k in ("ok", "error", "changed", "restart", "digest", "loaded", "tls")
@@ -197,7 +199,7 @@ def lameduck(pid: int | None, runtime_dir: str | None, config_path: str | None, 
 @click.argument("data")
 def pub(as_json: bool, topic: str, data: str) -> None:
     """Publish DATA to TOPIC."""
-    from .client import BrokerError
+    from shardbroker.cli.client import BrokerError
 
     value = parse_data(data, as_json)
     with _connect() as client:
@@ -216,7 +218,7 @@ def sub(count: int | None, data_only: bool, topics: tuple[str, ...]) -> None:
     """Subscribe to TOPICS and print each delivery as a JSON line until Ctrl-C."""
     import orjson
 
-    from .client import BrokerError
+    from shardbroker.cli.client import BrokerError
 
     with _connect() as client:
         try:
@@ -246,9 +248,9 @@ def hash_password(iterations: int) -> None:
 
     The password is prompted for (twice) on a terminal, or read from the first line of standard input.
     """
-    from cluster.passwords import hash_password as make_hash
+    from shardbroker.cluster.passwords import hash_password as make_hash
 
-    from . import secrets
+    from shardbroker.cli import secrets
 
     click.echo(make_hash(secrets.new_password("password"), iterations))
 
@@ -276,7 +278,7 @@ def user() -> None:
 
 
 def _admin_call(op: str, **fields):
-    from .client import BrokerError
+    from shardbroker.cli.client import BrokerError
 
     with _connect(as_admin=True) as client:
         try:
@@ -306,7 +308,7 @@ def _listed(permissions: list[str]) -> str:
 @click.argument("permissions", nargs=-1)
 def user_add(name: str, permissions: tuple[str, ...]) -> None:
     """Create user NAME with PERMISSIONS (publish:<topic>, subscribe:<topic>, admin)."""
-    from . import secrets
+    from shardbroker.cli import secrets
 
     password = secrets.new_password(f"password for {name}")
     _admin_call("admin.create_user", user=name, permissions=list(permissions), **{"pass": password})
@@ -325,7 +327,7 @@ def user_delete(name: str) -> None:
 @click.argument("name")
 def user_passwd(name: str) -> None:
     """Set a new password for NAME (its connections stay open)."""
-    from . import secrets
+    from shardbroker.cli import secrets
 
     password = secrets.new_password(f"new password for {name}")
     _admin_call("admin.set_password", user=name, **{"pass": password})
@@ -401,8 +403,8 @@ def bench(scenarios: str, peers: str, protocols: str, payload: int, duration: fl
     """Measure this broker against nats-server and Redis, side by side, in one run."""
     import time
 
-    from .bench import report
-    from .bench.scenarios import Bench, Options, scenarios as catalog
+    from shardbroker.cli.bench import report
+    from shardbroker.cli.bench.scenarios import Bench, Options, scenarios as catalog
 
     names = [s for s in scenarios.split(",") if s]
     unknown = [s for s in names if s not in catalog(nn, wide, rate, connections)]

@@ -7,12 +7,12 @@ import sys
 
 import click
 
-from .connect import connect, connection_options, parse_data
+from shardbroker.cli.connect import connect, connection_options, parse_data
 
 
 def _call(op: str, **fields) -> dict:
     """One request; a refusal is printed as the broker's reason and exits 1."""
-    from .client import BrokerError
+    from shardbroker.cli.client import BrokerError
 
     with connect() as client:
         try:

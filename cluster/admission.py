@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .config import LimitsConfig
+from shardbroker.cluster.config import LimitsConfig
 
 # Counters of refusals, by the limit that refused: /varz "breaches", /metrics shardbroker_limit_breaches.
 MAX_CONNECTIONS = "max_connections"

@@ -22,7 +22,7 @@ import logging
 import time
 from typing import Callable
 
-from .config import SecurityConfig
+from shardbroker.cluster.config import SecurityConfig
 
 log = logging.getLogger("broker.security")
 

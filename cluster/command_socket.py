@@ -21,7 +21,7 @@ import os
 import socket
 from typing import Awaitable, Callable
 
-from . import runtime
+from shardbroker.cluster import runtime
 
 log = logging.getLogger("broker.command")
 

@@ -22,11 +22,11 @@ from typing import Any, Literal, Union
 
 import orjson
 
-from router.subjects import is_valid_literal
+from shardbroker.router.subjects import is_valid_literal
 
-from . import certnames, passwords
-from .permissions import PermissionFormatError, Permissions
-from .protocols import BY_NAME, LISTENERS
+from shardbroker.cluster import certnames, passwords
+from shardbroker.cluster.permissions import PermissionFormatError, Permissions
+from shardbroker.cluster.protocols import BY_NAME, LISTENERS
 
 
 class ConfigError(Exception):

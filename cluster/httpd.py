@@ -26,7 +26,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
-from . import tls as tlsaccept
+from shardbroker.cluster import tls as tlsaccept
 
 log = logging.getLogger("broker.http")
 

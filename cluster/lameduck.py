@@ -18,7 +18,7 @@ import logging
 import time
 from typing import Any, Protocol
 
-from .config import Config
+from shardbroker.cluster.config import Config
 
 log = logging.getLogger("broker.lameduck")
 

@@ -26,18 +26,28 @@ import subprocess
 import sys
 from typing import Any, Callable
 
-# The worker's command line is `<python> <flags> -S -c BOOT broker-worker <index> <boot fd> <control fd>`.
+# The worker's command line is `<python> <flags> -S -c BOOT broker-worker <index> <boot fd> <control fd>`.  With
+# -S no site hook runs, so the package is found where the supervisor found it: the folder that holds its
+# __init__.py, which an editable install (the repository's root) names nothing like "shardbroker".
 PATH_ENV = "BROKER_WORKER_SYS_PATH"
-BOOT = (f"import os, sys; sys.path[:0] = os.environ.pop({PATH_ENV!r}).split(os.pathsep); "
-        "from workers.entry import main; main()")
+PACKAGE_ENV = "BROKER_WORKER_PACKAGE"
+BOOT = (f"import os, sys, importlib.util as u; sys.path[:0] = os.environ.pop({PATH_ENV!r}).split(os.pathsep); "
+        f"r = os.environ.pop({PACKAGE_ENV!r}); s = u.spec_from_file_location('shardbroker', "
+        "os.path.join(r, '__init__.py'), submodule_search_locations=[r]); "
+        "m = sys.modules['shardbroker'] = u.module_from_spec(s); s.loader.exec_module(m); "
+        "from shardbroker.workers.entry import main; main()")
 MARKER = "broker-worker"
 
 
+def _package_folder() -> str:
+    import shardbroker
+
+    return os.path.dirname(os.path.abspath(shardbroker.__file__))
+
+
 def _worker_sys_path() -> list[str]:
-    """The supervisor's sys.path, and the directory holding the broker's packages first (an editable install
-    finds them through a path hook that ``-S`` leaves out)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = [root]
+    """The supervisor's sys.path (its site-packages included, which ``-S`` leaves out)."""
+    out: list[str] = []
     for entry in sys.path:
         entry = os.path.abspath(entry) if entry else os.getcwd()
         if entry not in out:
@@ -75,6 +85,7 @@ class WorkerProcess:
                MARKER, str(index), str(boot_r), str(child_sock.fileno())]
         env = dict(os.environ)
         env[PATH_ENV] = os.pathsep.join(_worker_sys_path())
+        env[PACKAGE_ENV] = _package_folder()
         try:
             # A process group of its own: a terminal's Ctrl-C (SIGINT to the foreground group) reaches the
             # supervisor alone, which stops the workers in order; a worker still importing its modules would

@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from .floods import FloodFilter
+from shardbroker.cluster.floods import FloodFilter
 
 if TYPE_CHECKING:
-    from .config import LoggingConfig
+    from shardbroker.cluster.config import LoggingConfig
 
 # syslog priorities, which journald reads from a "<N>" prefix (sd-daemon(3))
 _PRIORITY = ((logging.CRITICAL, 2), (logging.ERROR, 3), (logging.WARNING, 4), (logging.INFO, 6))

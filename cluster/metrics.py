@@ -25,7 +25,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily,
                                             InfoMetricFamily, Metric)
 
-from .processes import ProcessSample
+from shardbroker.cluster.processes import ProcessSample
 
 MAX_QUEUE_SERIES = 1000   # work queues exported by name: the busiest ones, beyond that (clients name queues)
 

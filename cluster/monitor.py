@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import psutil
 
-from . import connz
-from .config import tls_settings
-from .httpd import Body, HttpServer
-from .processes import ProcessTable, max_fds
-from .tls import enabled as tls_enabled, expiry as tls_expiry
+from shardbroker.cluster import connz
+from shardbroker.cluster.config import tls_settings
+from shardbroker.cluster.httpd import Body, HttpServer
+from shardbroker.cluster.processes import ProcessTable, max_fds
+from shardbroker.cluster.tls import enabled as tls_enabled, expiry as tls_expiry
 
 if TYPE_CHECKING:
-    from .config import Config
+    from shardbroker.cluster.config import Config
 
 
 class Cluster(Protocol):
@@ -328,7 +328,7 @@ class Monitor:
 
     async def _metrics(self, accept: str) -> tuple[int, object]:
         """Prometheus' exposition of the workers' stats, their processes and their queues (cluster/metrics.py)."""
-        from . import metrics  # prometheus_client is imported at the first scrape, not at start-up
+        from shardbroker.cluster import metrics  # prometheus_client is imported at the first scrape, not at start-up
 
         sup, cfg = self.sup, self.sup.config
         replies = {r["worker"]: r for r in await sup.query({"k": "stats", "what": "queues"})}

@@ -18,7 +18,7 @@ A subscription pattern with wildcards is allowed only if one permission covers e
 
 from __future__ import annotations
 
-from router.subjects import FWC, PWC, is_valid_literal
+from shardbroker.router.subjects import FWC, PWC, is_valid_literal
 
 ADMIN = "admin"
 _ACTIONS = ("publish", "subscribe")

@@ -22,8 +22,8 @@ import logging
 import time
 from typing import Any, Protocol
 
-from . import systemd, tls
-from .config import Config, ConfigError, document, load, without_plaintext_passwords
+from shardbroker.cluster import systemd, tls
+from shardbroker.cluster.config import Config, ConfigError, document, load, without_plaintext_passwords
 
 log = logging.getLogger("broker.reload")
 

@@ -22,9 +22,9 @@ import stat
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
-from . import users
-from .attempts import Attempts
-from .config import Config, has_plaintext_passwords, has_qlite_secrets
+from shardbroker.cluster import users
+from shardbroker.cluster.attempts import Attempts
+from shardbroker.cluster.config import Config, has_plaintext_passwords, has_qlite_secrets
 
 
 class Cluster(Protocol):

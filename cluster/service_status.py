@@ -18,7 +18,7 @@ import logging
 import time
 from typing import Any, Callable, Protocol
 
-from .systemd import Notifier
+from shardbroker.cluster.systemd import Notifier
 
 log = logging.getLogger("broker.systemd")
 

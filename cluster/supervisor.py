@@ -28,23 +28,23 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from router import shardmap
-from workers import speedups
+from shardbroker.router import shardmap
+from shardbroker.workers import speedups
 
-from . import control, datadir, protocols, runtime, systemd, tls
-from .acceptor import Acceptor, Listener, bind
-from .admission import Admission
-from .command_socket import CommandServer
-from .config import Config, without_plaintext_passwords
-from .lameduck import LameDuck
-from .launch import WorkerProcess
-from .logs import flush_floods, setup_logging
-from .reload import Outcome, Reloader
-from .security import SecurityManager
-from .service_status import ServiceStatus
+from shardbroker.cluster import control, datadir, protocols, runtime, systemd, tls
+from shardbroker.cluster.acceptor import Acceptor, Listener, bind
+from shardbroker.cluster.admission import Admission
+from shardbroker.cluster.command_socket import CommandServer
+from shardbroker.cluster.config import Config, without_plaintext_passwords
+from shardbroker.cluster.lameduck import LameDuck
+from shardbroker.cluster.launch import WorkerProcess
+from shardbroker.cluster.logs import flush_floods, setup_logging
+from shardbroker.cluster.reload import Outcome, Reloader
+from shardbroker.cluster.security import SecurityManager
+from shardbroker.cluster.service_status import ServiceStatus
 
 if TYPE_CHECKING:
-    from .monitor import Monitor
+    from shardbroker.cluster.monitor import Monitor
 
 # Start-up (docs/performance-notes.md, scripts/startup_time.py): the workers' interpreters are started all at once,
 # without importing any of their modules here; what the supervisor needs only once they are up (monitoring, the
@@ -275,13 +275,13 @@ class Supervisor:
         for i in range(self.nworkers):
             self._spawn(i, send_args=False)
         # The workers read their arguments once their own imports are done, which takes longer than this one.
-        from . import VERSION
+        from shardbroker.cluster import VERSION
 
         self._version = VERSION
         for slot in self.slots:
             self._send_args(slot)
         if self.config.monitoring.enabled:  # while the workers boot: it answers in every state, "starting" too
-            from .monitor import Monitor
+            from shardbroker.cluster.monitor import Monitor
 
             self.monitor = Monitor(self)
             await self.monitor.start(sock=self._monitor_sock)

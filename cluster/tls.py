@@ -23,9 +23,9 @@ import tempfile
 import time
 from typing import Callable, Iterator
 
-from . import protocols
-from .certnames import describe
-from .config import TLS_LISTENERS, Config, TlsSettings, tls_settings
+from shardbroker.cluster import protocols
+from shardbroker.cluster.certnames import describe
+from shardbroker.cluster.config import TLS_LISTENERS, Config, TlsSettings, tls_settings
 
 Material = dict[str, str]   # path -> the PEM text it held when read
 _VERSIONS = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}

@@ -18,10 +18,10 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from . import certnames, passwords
+from shardbroker.cluster import certnames, passwords
 # The configuration owns what a file may say about users (and checks it at load); this module builds on it.
-from .config import SecurityConfig, configured_users
-from .permissions import Permissions
+from shardbroker.cluster.config import SecurityConfig, configured_users
+from shardbroker.cluster.permissions import Permissions
 
 
 @dataclass

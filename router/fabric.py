@@ -39,7 +39,7 @@ from typing import Callable, Protocol
 
 import zmq
 
-from . import frames, guard
+from shardbroker.router import frames, guard
 
 log = logging.getLogger("broker.fabric")
 

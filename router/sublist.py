@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Hashable, Iterator
 
-from .subjects import FWC, PWC
+from shardbroker.router.subjects import FWC, PWC
 
 
 class _Node:

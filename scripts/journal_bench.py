@@ -21,7 +21,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from workers.workqueues.journal import FSYNC_MODES, Journal  # noqa: E402
+from shardbroker.workers.workqueues.journal import FSYNC_MODES, Journal  # noqa: E402
 
 
 def main() -> None:

@@ -26,11 +26,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import psutil  # noqa: E402
 
-from cli.bench import servers  # noqa: E402
-from cli.bench.qload import QueueLoad, owner  # noqa: E402
-from cli.bench.scenarios import QUEUE_BOUNDS  # noqa: E402
-from cli.client import AsyncClient  # noqa: E402
-from cluster.launch import MARKER  # noqa: E402
+from shardbroker.cli.bench import servers  # noqa: E402
+from shardbroker.cli.bench.qload import QueueLoad, owner  # noqa: E402
+from shardbroker.cli.bench.scenarios import QUEUE_BOUNDS  # noqa: E402
+from shardbroker.cli.client import AsyncClient  # noqa: E402
+from shardbroker.cluster.launch import MARKER  # noqa: E402
 
 QUEUE = "drain.q"
 

@@ -41,11 +41,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import orjson  # noqa: E402
 
-from cluster.config import load  # noqa: E402
-from workers import workqueues  # noqa: E402
-from workers.auth import Authenticator  # noqa: E402
-from workers.hub import Hub  # noqa: E402
-from workers.ndjson import NdjsonSession  # noqa: E402
+from shardbroker.cluster.config import load  # noqa: E402
+from shardbroker.workers import workqueues  # noqa: E402
+from shardbroker.workers.auth import Authenticator  # noqa: E402
+from shardbroker.workers.hub import Hub  # noqa: E402
+from shardbroker.workers.ndjson import NdjsonSession  # noqa: E402
 from hotpath import NullTransport  # noqa: E402  (scripts/hotpath.py, beside this file)
 
 

@@ -40,10 +40,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from workers.message import KIND_JSON  # noqa: E402
-from workers.workqueues.journal import Journal  # noqa: E402
-from workers.workqueues.model import D_RECEIPT, Settings  # noqa: E402
-from workers.workqueues.shard import Shard  # noqa: E402
+from shardbroker.workers.message import KIND_JSON  # noqa: E402
+from shardbroker.workers.workqueues.journal import Journal  # noqa: E402
+from shardbroker.workers.workqueues.model import D_RECEIPT, Settings  # noqa: E402
+from shardbroker.workers.workqueues.shard import Shard  # noqa: E402
 
 QUEUE = "jobs"
 HOLDER = (0, 1)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent.parent / "tests")]
 
-from cli.bench import servers  # noqa: E402
+from shardbroker.cli.bench import servers  # noqa: E402
 from harness import nats_ready  # noqa: E402
 
 

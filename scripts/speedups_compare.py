@@ -20,13 +20,13 @@ import timeit
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.getcwd())
 
-from workers import purepath  # noqa: E402
+from shardbroker.workers import purepath  # noqa: E402
 
 
 def main() -> None:
     impls = {"pure (workers/purepath.py)": purepath}
     try:
-        from workers import _speedups
+        from shardbroker.workers import _speedups
         impls["C (workers/_speedups.c)"] = _speedups
     except ImportError as exc:
         print(f"workers._speedups not built: {exc}")

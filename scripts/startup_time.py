@@ -196,7 +196,7 @@ def main() -> None:
                 print(f"nats-server                 /varz 200: {fmt([s[1] for s in samples])}")
         for security in [s for s in args.security.split(",") if s]:
             for n in [int(w) for w in args.workers.split(",") if w]:
-                cmd = [args.python, "-m", "cli", "start", "--workers", str(n), "--port", "0", "--nats-port", "0",
+                cmd = [args.python, "-m", "shardbroker.cli", "start", "--workers", str(n), "--port", "0", "--nats-port", "0",
                        "--monitor-port", "0"]
                 if security == "on":
                     cmd += ["--config", config_path]

@@ -39,7 +39,7 @@ def broker(start_broker):
 @pytest.fixture(scope="session")
 def spark():
     """One local Spark session for the whole test run (load tests; its JVM starts once, in ~5 s)."""
-    from cli.loadtest.job import session
+    from shardbroker.cli.loadtest.job import session
 
     s = session("local[6]", 6, timeout_s=300)
     yield s

@@ -51,7 +51,7 @@ class Broker:
 
     # -- life cycle -----------------------------------------------------------------------------------------
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "cli", "start", "--workers", str(self.workers), "--port", "0",
+        cmd = [sys.executable, "-m", "shardbroker.cli", "start", "--workers", str(self.workers), "--port", "0",
                "--nats-port", "0", "--monitor-port", "0", "--grace", str(self.grace)]
         if self.config is not None:
             path = self.tmp / f"config-{id(self)}.json"

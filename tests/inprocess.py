@@ -25,11 +25,11 @@ from typing import Any, Callable
 
 import orjson
 
-from cluster import users
-from cluster.config import Config, load
-from router.fabric import Fabric
-from workers.auth import Authenticator
-from workers.hub import Hub
+from shardbroker.cluster import users
+from shardbroker.cluster.config import Config, load
+from shardbroker.router.fabric import Fabric
+from shardbroker.workers.auth import Authenticator
+from shardbroker.workers.hub import Hub
 
 PEER = ("127.0.0.1", 40000)
 SERVER_INFO = {"server_id": "INPROCESS", "server_name": "inprocess", "version": "2.10.0", "proto": 1,
@@ -340,7 +340,7 @@ class Broker:
 def _start_queues(index: int, cfg: Config, runtime_dir: str, hub: Hub):
     """The work-queue service as the worker starts it (``workqueues.start``), without leaving the collector's
     settings of a worker process (``gc.freeze`` and a raised threshold) on the test process."""
-    from workers import workqueues
+    from shardbroker.workers import workqueues
 
     threshold = gc.get_threshold()
     try:

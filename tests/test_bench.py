@@ -8,7 +8,7 @@ import uuid
 
 import psutil
 
-from cli.bench.servers import find_binary
+from shardbroker.cli.bench.servers import find_binary
 from harness import REPO
 
 
@@ -35,7 +35,7 @@ def test_tiny_bench_runs_and_reports(tmp_path):
     env, tag = tagged()
     peers = [p for p, binary in (("nats", "nats-server"), ("redis", "redis-server")) if find_binary(binary)]
     res = subprocess.run(
-        [sys.executable, "-m", "cli", "bench", "-s", "fanout1", "--rounds", "1", "--duration", "0.5",
+        [sys.executable, "-m", "shardbroker.cli", "bench", "-s", "fanout1", "--rounds", "1", "--duration", "0.5",
          "--peers", ",".join(peers) or "none", "--workers", "2", "--out", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -57,7 +57,7 @@ def test_tiny_bench_runs_and_reports(tmp_path):
 
 
 def test_generator_check():
-    res = subprocess.run([sys.executable, "-m", "cli", "bench", "--generator-check", "--duration", "0.3"],
+    res = subprocess.run([sys.executable, "-m", "shardbroker.cli", "bench", "--generator-check", "--duration", "0.3"],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     lines = [line.split() for line in res.stdout.splitlines()]
@@ -73,7 +73,7 @@ def test_tiny_queue_bench(tmp_path):
     env, tag = tagged()
     peers = [p for p, binary in (("nats", "nats-server"), ("redis", "redis-server")) if find_binary(binary)]
     res = subprocess.run(
-        [sys.executable, "-m", "cli", "bench", "-s", "qpush,qwork1,qwork8,qlatency", "--rounds", "1",
+        [sys.executable, "-m", "shardbroker.cli", "bench", "-s", "qpush,qwork1,qwork8,qlatency", "--rounds", "1",
          "--duration", "0.3", "--peers", ",".join(peers) or "none", "--workers", "2", "--out", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -114,7 +114,7 @@ def test_tiny_bench_with_tls(tmp_path):
     env, tag = tagged()
     peers = "nats" if find_binary("nats-server") else "none"
     res = subprocess.run(
-        [sys.executable, "-m", "cli", "bench", "-s", "fanout10", "--rounds", "1", "--duration", "0.5", "--tls",
+        [sys.executable, "-m", "shardbroker.cli", "bench", "-s", "fanout10", "--rounds", "1", "--duration", "0.5", "--tls",
          "--peers", peers, "--workers", "2", "--out", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -147,7 +147,7 @@ def test_a_paced_publisher_writes_once_a_tick_whatever_answers_its_publishes(sta
     second instead of 1,000, five times the CPU of the broker and of itself on the cores they share)."""
     import time
 
-    from cli.bench.loadgen import Generator
+    from shardbroker.cli.bench.loadgen import Generator
 
     broker = start_broker(workers=1)
     gen = Generator()

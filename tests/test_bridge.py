@@ -7,10 +7,10 @@ import time
 import nats
 import pytest
 
-from cli.client import AsyncClient
+from shardbroker.cli.client import AsyncClient
 from harness import Raw
 from test_security import secure_config
-from workers import bridge_codec
+from shardbroker.workers import bridge_codec
 
 
 @pytest.fixture

@@ -9,14 +9,14 @@ import sys
 
 import pytest
 
-from cluster import VERSION
+from shardbroker.cluster import VERSION
 from harness import REPO, Raw
 from test_security import ADMIN, auth, secure_config
 
 
 def brokerctl(*args, stdin: str = "", env: dict | None = None) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith("BROKER_")}
-    return subprocess.run([sys.executable, "-m", "cli", *args], input=stdin, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "shardbroker.cli", *args], input=stdin, capture_output=True, text=True,
                           cwd=REPO, timeout=60, env={**base, **(env or {})})
 
 
@@ -103,7 +103,7 @@ def test_a_bad_broker_url_is_a_usage_error_naming_it(url, reason):
 
 
 def test_parse_url():
-    from cli.connect import parse_url
+    from shardbroker.cli.connect import parse_url
     assert parse_url("h") == ("h", 8080)
     assert parse_url("h:9") == ("h", 9)
     assert parse_url("tcp://h:9/") == ("h", 9)

@@ -10,7 +10,7 @@ import sys
 import click
 import pytest
 
-from cli.main import cli
+from shardbroker.cli.main import cli
 from harness import REPO
 from test_cli import free_port
 
@@ -25,7 +25,7 @@ def _commands(cmd: click.Command = cli, path: tuple = ()) -> list[tuple]:
 
 def _run(args: list[str], env: dict, stdin: bytes = b"") -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith("BROKER")}
-    return subprocess.run([sys.executable, "-m", "cli", *args], input=stdin, capture_output=True, cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "shardbroker.cli", *args], input=stdin, capture_output=True, cwd=REPO,
                           timeout=60, env={**base, **env})
 
 

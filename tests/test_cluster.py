@@ -10,7 +10,7 @@ import zlib
 import nats
 import pytest
 
-from cli.client import AsyncClient
+from shardbroker.cli.client import AsyncClient
 from harness import Raw, pid_alive
 
 

@@ -11,14 +11,14 @@ import typing
 
 import pytest
 
-from cluster import config as cfgmod
+from shardbroker.cluster import config as cfgmod
 from harness import REPO
 
 
 def start(tmp_path, config: dict) -> subprocess.CompletedProcess:
     path = tmp_path / "c.json"
     path.write_text(json.dumps(config))
-    return subprocess.run([sys.executable, "-m", "cli", "start", "--workers", "1", "--port", "0", "--nats-port", "0",
+    return subprocess.run([sys.executable, "-m", "shardbroker.cli", "start", "--workers", "1", "--port", "0", "--nats-port", "0",
                            "--monitor-port", "0", "--config", str(path)],
                           cwd=REPO, capture_output=True, text=True, timeout=30)
 
@@ -181,7 +181,7 @@ def test_every_numeric_range_the_loader_enforces_is_documented():
 def test_a_wrong_value_in_the_file_is_reported_though_a_flag_overrides_it(tmp_path):
     """U2: with --port 0, a file's "port": "8080" (a string) started without a word, and the next start without
     the flag failed on it."""
-    from cluster.config import ConfigError, load
+    from shardbroker.cluster.config import ConfigError, load
 
     for doc, overrides, key in (({"network": {"port": "8080"}}, {"network.port": 0}, "network.port"),
                                 ({"workers": {"count": "AUTO"}}, {"workers.count": 2}, "workers.count"),

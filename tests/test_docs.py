@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from cluster import config as cfgmod
+from shardbroker.cluster import config as cfgmod
 from harness import REPO, Broker, Raw
 
 README = (REPO / "README.md").read_text()
@@ -38,7 +38,7 @@ def section(text: str, heading: str) -> str:
 
 def brokerctl(*args, stdin: str = "", env: dict | None = None) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith("BROKER_")}
-    return subprocess.run([sys.executable, "-m", "cli", *args], input=stdin, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "shardbroker.cli", *args], input=stdin, capture_output=True, text=True,
                           cwd=REPO, timeout=60, env={**base, **(env or {})})
 
 
@@ -124,7 +124,7 @@ def test_readme_python_snippets(plain):
     shown = re.search(r"# (Delivery\(.*\))", client_code).group(1)
 
     async def run() -> None:
-        from cli.client import AsyncClient, Delivery
+        from shardbroker.cli.client import AsyncClient, Delivery
 
         seen = []
 
@@ -169,7 +169,7 @@ def test_readme_brokerctl_lines(plain):
     env = {"BROKER_URL": f"127.0.0.1:{plain.port}"}
     (sub_args,) = [a for a in lines if a[0] == "sub"]
     pubs = [a for a in lines if a[0] == "pub"]
-    sub = subprocess.Popen([sys.executable, "-m", "cli", *sub_args, "-n", str(len(pubs))], cwd=REPO, text=True,
+    sub = subprocess.Popen([sys.executable, "-m", "shardbroker.cli", *sub_args, "-n", str(len(pubs))], cwd=REPO, text=True,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            env={**{k: v for k, v in os.environ.items() if not k.startswith("BROKER_")}, **env})
     try:
@@ -196,7 +196,7 @@ def test_readme_free_port_start_runs_beside_another(tmp_path):
 
     class AsReadmeSays(Broker):
         def command(self):
-            return [sys.executable, "-m", "cli", *args, "--workers", "1"]
+            return [sys.executable, "-m", "shardbroker.cli", *args, "--workers", "1"]
 
     first = AsReadmeSays(tmp_path / "a", workers=1)
     second = AsReadmeSays(tmp_path / "b", workers=1)
@@ -239,7 +239,7 @@ def test_brokerctl_md_user_table_is_what_brokerctl_prints(secure):
 def test_brokerctl_md_names_every_option():
     import click
 
-    from cli.main import cli
+    from shardbroker.cli.main import cli
 
     text = doc("brokerctl.md")
     missing = []

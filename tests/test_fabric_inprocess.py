@@ -3,8 +3,8 @@ and how a peer that stops reading shows in the other's stats (what /healthz read
 
 import asyncio
 
-from router import guard
-from router.fabric import Fabric
+from shardbroker.router import guard
+from shardbroker.router.fabric import Fabric
 
 
 class Handler:

@@ -15,8 +15,8 @@ import os
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from workers import bridge_codec, nats_codec, ndjson_codec
-from workers.workqueues import qlite_codec
+from shardbroker.workers import bridge_codec, nats_codec, ndjson_codec
+from shardbroker.workers.workqueues import qlite_codec
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "1000"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=False,

@@ -4,9 +4,9 @@ gossip, a subscription in force everywhere before its ``ok``, publish order, a p
 unsubscribe, and backpressure from slow consumers.  Driven through the sessions' entry points only."""
 
 from inprocess import Broker, run, turns, until
-from workers.bridge import BridgeSession
-from workers.nats import NatsSession
-from workers.ndjson import NdjsonSession
+from shardbroker.workers.bridge import BridgeSession
+from shardbroker.workers.nats import NatsSession
+from shardbroker.workers.ndjson import NdjsonSession
 
 OK = b'{"ok":true}\n'
 

@@ -6,8 +6,8 @@ permission checks of security on, and a PONG that waits for a subscription to be
 import orjson
 
 from inprocess import SERVER_INFO, Broker, run, turns, until
-from workers.nats import NatsSession
-from workers.ndjson import NdjsonSession
+from shardbroker.workers.nats import NatsSession
+from shardbroker.workers.ndjson import NdjsonSession
 
 HDR = b"NATS/1.0\r\nA: b\r\n\r\n"   # 18 bytes
 

@@ -8,10 +8,10 @@ import struct
 import bcrypt
 
 from inprocess import Broker, run, turns
-from workers.nats import NatsSession
-from workers.ndjson import NdjsonSession
-from workers.workqueues import qlite_codec as codec
-from workers.workqueues.qlite import QliteSession
+from shardbroker.workers.nats import NatsSession
+from shardbroker.workers.ndjson import NdjsonSession
+from shardbroker.workers.workqueues import qlite_codec as codec
+from shardbroker.workers.workqueues.qlite import QliteSession
 
 SECRETS = {"pub": "pub secret!", "sub": "sub secret!", "pub2": "pub2 secret!"}
 QLITE = {"qlite": {"enabled": True, "queue": "jobs"},

@@ -5,9 +5,9 @@ permission checks of security on.  NATS: test_inprocess_nats.py; qlite and work 
 import orjson
 
 from inprocess import Broker, run, turns, until
-from workers.bridge import BridgeSession
-from workers.nats import NatsSession
-from workers.ndjson import NdjsonSession
+from shardbroker.workers.bridge import BridgeSession
+from shardbroker.workers.nats import NatsSession
+from shardbroker.workers.ndjson import NdjsonSession
 
 OK = b'{"ok":true}\n'
 USERS = {"security": {"enabled": True, "iterations": 1000,

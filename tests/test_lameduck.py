@@ -122,7 +122,7 @@ def test_sigterm_does_not_cut_a_lame_duck_short_and_no_one_gets_in(start_broker)
 
 def test_brokerctl_lameduck_waits_for_the_exit(start_broker):
     b = start_broker(workers=1, config=LDM)
-    res = subprocess.run([sys.executable, "-m", "cli", "lameduck", "--pid", str(b.proc.pid), "--wait"], cwd=REPO,
+    res = subprocess.run([sys.executable, "-m", "shardbroker.cli", "lameduck", "--pid", str(b.proc.pid), "--wait"], cwd=REPO,
                          capture_output=True, text=True, timeout=30)
     assert res.returncode == 0, res.stderr
     assert res.stdout == (f"lame duck mode: 0 client(s) to close within {DURATION:g}s (the first after {GRACE:g}s); "

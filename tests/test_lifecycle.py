@@ -221,14 +221,14 @@ def test_port_in_use_is_a_clear_error(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        res = subprocess.run([sys.executable, "-m", "cli", "start", "--workers", "1", "--port", str(port),
+        res = subprocess.run([sys.executable, "-m", "shardbroker.cli", "start", "--workers", "1", "--port", str(port),
                               "--no-monitoring"], cwd=REPO, capture_output=True, text=True, timeout=30)
     assert res.returncode == 1
     assert f"cannot listen for ndjson on 127.0.0.1:{port}: Address already in use" in res.stderr
 
 
 def run_start(tmp_path, config=None, args=()):
-    cmd = [sys.executable, "-m", "cli", "start"]
+    cmd = [sys.executable, "-m", "shardbroker.cli", "start"]
     if config is not None:
         path = tmp_path / "c.json"
         path.write_text(config if isinstance(config, str) else json.dumps(config))
@@ -260,7 +260,7 @@ def test_bad_configuration_is_one_clear_line_and_exit_2(tmp_path, config, args, 
 
 
 def test_missing_config_file(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "cli", "start", "--config", str(tmp_path / "nope.json")],
+    res = subprocess.run([sys.executable, "-m", "shardbroker.cli", "start", "--config", str(tmp_path / "nope.json")],
                          cwd=REPO, capture_output=True, text=True, timeout=30)
     assert res.returncode == 2 and "cannot read" in res.stderr
 
@@ -282,7 +282,7 @@ def test_jolt_config_file_is_accepted_as_is_and_flags_override_it(start_broker):
 
 
 def test_brokerctl_pub_and_sub(broker):
-    sub = subprocess.Popen([sys.executable, "-m", "cli", "sub", "-p", str(broker.port), "-n", "2", "cli.*"],
+    sub = subprocess.Popen([sys.executable, "-m", "shardbroker.cli", "sub", "-p", str(broker.port), "-n", "2", "cli.*"],
                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 10
@@ -291,7 +291,7 @@ def test_brokerctl_pub_and_sub(broker):
             assert time.monotonic() < deadline
             time.sleep(0.05)
         for args in (["cli.a", "hello"], ["--json", "cli.b", '{"n": [1, 2]}']):
-            res = subprocess.run([sys.executable, "-m", "cli", "pub", "-p", str(broker.port), *args],
+            res = subprocess.run([sys.executable, "-m", "shardbroker.cli", "pub", "-p", str(broker.port), *args],
                                  cwd=REPO, capture_output=True, text=True, timeout=30)
             assert res.returncode == 0, res.stderr
         out, err = sub.communicate(timeout=10)
@@ -300,7 +300,7 @@ def test_brokerctl_pub_and_sub(broker):
     assert sub.returncode == 0, err
     assert [json.loads(line) for line in out.splitlines()] == [
         {"topic": "cli.a", "data": "hello"}, {"topic": "cli.b", "data": {"n": [1, 2]}}]
-    bad = subprocess.run([sys.executable, "-m", "cli", "pub", "-p", str(broker.port), "a..b", "x"],
+    bad = subprocess.run([sys.executable, "-m", "shardbroker.cli", "pub", "-p", str(broker.port), "a..b", "x"],
                          cwd=REPO, capture_output=True, text=True, timeout=30)
     assert bad.returncode == 1 and "invalid_topic" in bad.stderr
 

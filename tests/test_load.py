@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from cli.client import AsyncClient
+from shardbroker.cli.client import AsyncClient
 from harness import Raw
 
 

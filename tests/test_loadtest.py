@@ -15,10 +15,10 @@ import time
 
 import pytest
 
-from cli.bench import servers
-from cli.loadtest import job, plan, scenario
-from cli.loadtest.accounting import GroupMember, OrderedTracker, merge_group
-from cli.loadtest.schedule import Schedule
+from shardbroker.cli.bench import servers
+from shardbroker.cli.loadtest import job, plan, scenario
+from shardbroker.cli.loadtest.accounting import GroupMember, OrderedTracker, merge_group
+from shardbroker.cli.loadtest.schedule import Schedule
 from harness import REPO, Raw
 
 pytestmark = pytest.mark.slow
@@ -194,7 +194,7 @@ wait = "500ms"
 """)
     run_id = "4111ed00000000000000000000000000"
     queue = plan.subject(run_id, sc.workloads[0], 0)
-    from cli.bench.qload import owner
+    from shardbroker.cli.bench.qload import owner
 
     victim_index = owner(queue, 2)
     pids = {}
@@ -258,7 +258,7 @@ lost = "== 0"
 
 
 def _cli(*args, timeout=180):
-    return subprocess.run([sys.executable, "-m", "cli", "loadtest", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "shardbroker.cli", "loadtest", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=REPO)
 
 
@@ -357,7 +357,7 @@ def test_the_progress_line_adds_up_one_interval_across_tasks():
 def test_negative_and_out_of_range_latencies_are_counted_never_dropped():
     from hdrh.histogram import HdrHistogram
 
-    from cli.loadtest.recorder import HIGHEST_US, Recorder
+    from shardbroker.cli.loadtest.recorder import HIGHEST_US, Recorder
 
     rec = Recorder("r", "w", 0, 1.0, 0.0, 1.0)
     rec.cur.e2e_cross.extend([-5, -1, 10, 20, HIGHEST_US + 1])     # cross-host skew below 0, a stall beyond 60 s
@@ -455,7 +455,7 @@ def test_ctrl_c_during_the_measurement_is_one_line_and_exit_130(broker, tmp_path
     path = tmp_path / "s.toml"
     path.write_text('name = "stop"\nwarmup = "1s"\nduration = "60s"\n[[workload]]\nname = "w"\n'
                     'protocol = "ndjson"\nrate = 500\n')
-    proc = subprocess.Popen([sys.executable, "-m", "cli", "loadtest", str(path), "--broker",
+    proc = subprocess.Popen([sys.executable, "-m", "shardbroker.cli", "loadtest", str(path), "--broker",
                              f"ndjson://127.0.0.1:{broker.port}", "-o", str(tmp_path / "out")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO, start_new_session=True)
     import selectors

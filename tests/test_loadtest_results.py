@@ -11,8 +11,8 @@ import pytest
 from hdrh.histogram import HdrHistogram
 from hdrh.log import HistogramLogReader
 
-from cli.loadtest import thresholds
-from cli.loadtest.summary import build, render_text
+from shardbroker.cli.loadtest import thresholds
+from shardbroker.cli.loadtest.summary import build, render_text
 
 INTERVAL_S = 1.0
 PHASES = ["warmup", "warmup", "measure", "measure", "measure", "measure", "drain"]
@@ -251,7 +251,7 @@ def test_summary_verdict_and_notes():
 
 
 def test_rows_for_orders_defaults_and_rejects_typos():
-    from cli.loadtest.schema import COLUMNS, rows_for
+    from shardbroker.cli.loadtest.schema import COLUMNS, rows_for
 
     (row,) = rows_for("streams", [{"run_id": "r", "workload": "w", "pub_id": 3, "mode": "group",
                                    "gap_ranges": [(1, 2), {"lo": 4, "hi": 4}]}])
@@ -282,7 +282,7 @@ def _assert_charts(out):
 
 @pytest.mark.slow
 def test_write_results_with_spark(spark, tmp_path):
-    from cli.loadtest.results import write_results
+    from shardbroker.cli.loadtest.results import write_results
 
     run = Run()
     out = tmp_path / "run"
@@ -334,8 +334,8 @@ def test_write_results_with_spark(spark, tmp_path):
 
 @pytest.mark.slow
 def test_results_without_spark_and_compare(tmp_path):
-    from cli.loadtest.compare import compare
-    from cli.loadtest.results import write_results
+    from shardbroker.cli.loadtest.compare import compare
+    from shardbroker.cli.loadtest.results import write_results
 
     dirs = []
     for seed, scale in ((1, 300.0), (2, 900.0)):

@@ -15,7 +15,7 @@ import socket
 import statistics
 import time
 
-from cluster import passwords
+from shardbroker.cluster import passwords
 from harness import Raw
 from test_security import ADMIN, auth, secure_config
 

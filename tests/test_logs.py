@@ -9,8 +9,8 @@ import re
 import socket
 import time
 
-from cluster.floods import FloodFilter
-from cluster.logs import JournalFormatter, JsonFormatter, priority
+from shardbroker.cluster.floods import FloodFilter
+from shardbroker.cluster.logs import JournalFormatter, JsonFormatter, priority
 from harness import Broker, Raw
 
 

@@ -10,7 +10,7 @@ import nats
 import pytest
 from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
 
-from cli.client import AsyncClient
+from shardbroker.cli.client import AsyncClient
 from harness import Raw
 from test_security import ADMIN, secure_config
 

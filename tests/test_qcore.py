@@ -20,13 +20,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from workers import speedups
-from workers.message import KIND_JSON, KIND_RAW
-from workers.workqueues import core, purecore
-from workers.workqueues.ndjson_ops import _message
+from shardbroker.workers import speedups
+from shardbroker.workers.message import KIND_JSON, KIND_RAW
+from shardbroker.workers.workqueues import core, purecore
+from shardbroker.workers.workqueues.ndjson_ops import _message
 
 try:
-    from workers.workqueues import _qcore as compiled
+    from shardbroker.workers.workqueues import _qcore as compiled
 except ImportError:
     compiled = None
 

@@ -7,7 +7,7 @@ import json
 import os
 import signal
 
-from cli.client import AsyncClient, BrokerError, QueueMessageSpec
+from shardbroker.cli.client import AsyncClient, BrokerError, QueueMessageSpec
 from harness import on_worker
 from test_queues import cross, owned_by, push, recv, req, stat, wait_for
 
@@ -250,12 +250,12 @@ def test_tiny_bench_with_batch_producers(tmp_path):
     import subprocess
     import sys
 
-    from cli.bench.servers import find_binary
+    from shardbroker.cli.bench.servers import find_binary
     from harness import REPO
 
     peers = ["redis"] if find_binary("redis-server") else []
     res = subprocess.run(
-        [sys.executable, "-m", "cli", "bench", "-s", "qpushb,qwork1b", "--rounds", "1", "--duration", "0.3",
+        [sys.executable, "-m", "shardbroker.cli", "bench", "-s", "qpushb,qwork1b", "--rounds", "1", "--duration", "0.3",
          "--peers", ",".join(peers) or "none", "--workers", "2", "--out", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]

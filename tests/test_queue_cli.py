@@ -8,7 +8,7 @@ from harness import REPO
 
 
 def brokerctl(broker, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "cli", "queue", args[0], "-p", str(broker.port), *args[1:]]
+    cmd = [sys.executable, "-m", "shardbroker.cli", "queue", args[0], "-p", str(broker.port), *args[1:]]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     if check:
         assert done.returncode == 0, done.stderr

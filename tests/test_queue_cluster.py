@@ -444,7 +444,7 @@ def test_expiry_is_never_early_and_an_idle_shard_does_not_spin(start_broker):
 def test_client_consume_extends_leases_acks_and_nacks(start_broker):
     """cli.client's consume(): a handler slower than the visibility timeout keeps its message (the lease is
     extended while it runs); a return acks, an exception nacks."""
-    from cli.client import AsyncClient
+    from shardbroker.cli.client import AsyncClient
 
     broker = start_broker(workers=2)
 

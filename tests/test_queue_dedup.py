@@ -162,7 +162,7 @@ def test_dedup_ids_outlive_a_kill_9_and_the_compaction_after_it(start_broker):
 
 
 def test_the_client_and_brokerctl_send_dedup_ids(start_broker):
-    from cli.client import AsyncClient
+    from shardbroker.cli.client import AsyncClient
     from test_queue_cli import brokerctl
 
     broker = start_broker(workers=2)

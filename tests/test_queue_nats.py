@@ -251,7 +251,7 @@ def test_a_read_of_pushes_longer_than_a_turn_is_answered_whole_and_seen_by_what_
     """Pushes count against the turn's budget over NATS as over NDJSON (``PUSHES_PER_TURN``): a read of more goes
     on over several turns.  Every push is answered, without waiting for the long poll that ends the read, and a
     STAT between them sees them all."""
-    from workers.workqueues.service import PUSHES_PER_TURN
+    from shardbroker.workers.workqueues.service import PUSHES_PER_TURN
 
     broker = start_broker(workers=workers)
     n = 3 * PUSHES_PER_TURN

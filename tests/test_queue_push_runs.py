@@ -251,7 +251,7 @@ def test_the_replies_to_a_read_of_several_turns_do_not_wait_for_a_long_poll_at_i
     """A read of more pushes than one turn takes (``PUSHES_PER_TURN``) goes on over several turns, and here ends
     with a long poll on an empty queue, which waits: the pushes' replies go out all the same, without waiting for
     the poll."""
-    from workers.workqueues.service import PUSHES_PER_TURN
+    from shardbroker.workers.workqueues.service import PUSHES_PER_TURN
 
     b = start_broker(workers=2, config={"queues": {"move_connections": False}})
     conn, q = placed(b, "turns", 0, 0)

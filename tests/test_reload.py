@@ -32,7 +32,7 @@ def auth(c: Raw, name: str) -> dict:
 
 
 def reload(b, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli", "reload", "--pid", str(b.proc.pid), *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "shardbroker.cli", "reload", "--pid", str(b.proc.pid), *args], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
 
 
@@ -142,6 +142,6 @@ def test_reload_of_a_broker_started_without_a_file_and_of_no_broker(start_broker
     b = start_broker(workers=1)
     res = reload(b)
     assert res.returncode == 1 and "started without --config: there is no file to read" in res.stderr
-    gone = subprocess.run([sys.executable, "-m", "cli", "reload", "--pid", "1"], cwd=REPO, capture_output=True,
+    gone = subprocess.run([sys.executable, "-m", "shardbroker.cli", "reload", "--pid", "1"], cwd=REPO, capture_output=True,
                           text=True, timeout=30)
     assert gone.returncode == 1 and "no running broker with pid 1 found in" in gone.stderr

@@ -9,11 +9,11 @@ import json
 import nats
 
 from harness import Raw, on_worker
-from workers.workqueues.journal import Journal
-from workers.workqueues.model import Settings
-from workers.workqueues.shard import Shard
+from shardbroker.workers.workqueues.journal import Journal
+from shardbroker.workers.workqueues.model import Settings
+from shardbroker.workers.workqueues.shard import Shard
 from test_qlite import Q, SECRETS, answer, qport
-from workers.workqueues import qlite_codec as codec
+from shardbroker.workers.workqueues import qlite_codec as codec
 
 PERMS = ["publish:jobs", "subscribe:jobs", "subscribe:_INBOX.>"]
 CONFIG = {

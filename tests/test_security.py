@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from cli.client import AsyncClient, BrokerError
-from cluster import passwords
+from shardbroker.cli.client import AsyncClient, BrokerError
+from shardbroker.cluster import passwords
 from harness import REPO, Raw
 from test_cluster import close_spread, spread
 
@@ -446,7 +446,7 @@ def test_sighup_rereads_users(tmp_path, start_broker):
 
 
 def run_cli(*args, stdin: str = "", env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli", *args], input=stdin, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "shardbroker.cli", *args], input=stdin, capture_output=True, text=True,
                           cwd=REPO, timeout=60, env={**os.environ, **(env or {})})
 
 
@@ -586,7 +586,7 @@ def test_no_auth_user_must_name_a_configured_user(tmp_path):
     config = secure_config(no_auth_user="ghost")
     path = tmp_path / "c.json"
     path.write_text(json.dumps(config))
-    res = subprocess.run([sys.executable, "-m", "cli", "start", "--workers", "2", "--config", str(path)],
+    res = subprocess.run([sys.executable, "-m", "shardbroker.cli", "start", "--workers", "2", "--config", str(path)],
                          cwd=REPO, capture_output=True, text=True, timeout=30)
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()

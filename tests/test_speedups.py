@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 
 from harness import REPO
 from test_fuzz import _nats
-from workers import purepath, speedups
+from shardbroker.workers import purepath, speedups
 
 try:
-    from workers import _speedups as compiled
+    from shardbroker.workers import _speedups as compiled
 except ImportError:
     compiled = None
 

@@ -20,8 +20,8 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
-from cluster.service_status import ServiceStatus
-from cluster.systemd import Notifier
+from shardbroker.cluster.service_status import ServiceStatus
+from shardbroker.cluster.systemd import Notifier
 from harness import REPO, Raw, pid_alive
 from systemd_fakes import NotifyReceiver
 
@@ -164,7 +164,7 @@ def test_a_stuck_worker_is_aborted_with_its_stack_in_the_log(start_broker, notif
 
 
 def _start_failing(tmp_path, notify, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli", "start", "--workers", "1", "--nats-port", "0",
+    return subprocess.run([sys.executable, "-m", "shardbroker.cli", "start", "--workers", "1", "--nats-port", "0",
                            "--monitor-port", "0", *args], cwd=REPO, capture_output=True, text=True, timeout=30,
                           env={**os.environ, **notify.env()})
 

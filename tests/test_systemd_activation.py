@@ -100,7 +100,7 @@ def test_a_passed_listener_the_configuration_does_not_expect_stops_the_start(tmp
     sock = _listener()
     try:
         extra = passing([sock], names)
-        res = subprocess.run([*extra["prefix"], sys.executable, "-m", "cli", "start", "--workers", "1", "--port", "0",
+        res = subprocess.run([*extra["prefix"], sys.executable, "-m", "shardbroker.cli", "start", "--workers", "1", "--port", "0",
                               "--nats-port", "0", "--monitor-port", "0", *args], cwd=REPO, capture_output=True,
                              text=True, timeout=30, env={**os.environ, **extra["env"]}, pass_fds=extra["pass_fds"])
     finally:

@@ -117,7 +117,7 @@ def test_the_broker_works_under_the_units_sandbox(tmp_path, sandboxed):
             assert [s.json()["data"] for _ in range(100)] == list(range(100))
         status, varz = b.http("/varz")
         assert status == 200 and varz["mem"] > 0 and varz["cpu"] >= 0
-        res = subprocess.run([sys.executable, "-m", "cli", "reload", "--pid", str(b.proc.pid)], cwd=REPO,
+        res = subprocess.run([sys.executable, "-m", "shardbroker.cli", "reload", "--pid", str(b.proc.pid)], cwd=REPO,
                              capture_output=True, text=True, timeout=30)
         assert res.returncode == 0 and "configuration reloaded" in res.stdout, res.stderr
         assert b.stop() == 0
@@ -131,7 +131,7 @@ def test_the_sandbox_emulation_catches_the_filter_that_breaks_libzmq(tmp_path, s
     (../shared/reference/operations.md).  Proof that the test above would catch a filter too many."""
     bad = tmp_path / "bad.service"
     bad.write_text(UNIT.read_text() + "SystemCallFilter=~@resources\n")
-    res = subprocess.run([*sandboxed(bad), sys.executable, "-m", "cli", "start", "--workers", "1", "--port", "0",
+    res = subprocess.run([*sandboxed(bad), sys.executable, "-m", "shardbroker.cli", "start", "--workers", "1", "--port", "0",
                           "--nats-port", "0", "--monitor-port", "0"], cwd=REPO, capture_output=True, text=True,
                          timeout=60)
     assert res.returncode == 3, res.stderr

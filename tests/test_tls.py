@@ -17,8 +17,8 @@ import nats
 import pytest
 
 from certs import CertificateAuthority, name
-from cli.client import AsyncClient, BlockingClient, tls_context
-from cluster import certnames
+from shardbroker.cli.client import AsyncClient, BlockingClient, tls_context
+from shardbroker.cluster import certnames
 from harness import REPO, Raw
 
 ADMIN = {"username": "admin", "password": "admin-pw", "permissions": ["admin"]}
@@ -94,7 +94,7 @@ def https(b, pki, path: str, ctx: ssl.SSLContext | None = None):
 
 def brokerctl(*args, env: dict | None = None) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith("BROKER_")}
-    return subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True, cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "shardbroker.cli", *args], capture_output=True, text=True, cwd=REPO,
                           timeout=60, env={**base, **(env or {})})
 
 
@@ -354,8 +354,8 @@ def _read_exactly(c: Raw, n: int) -> bytes:
 
 
 def test_bridge_and_qlite_over_tls(start_broker, pki):
-    from workers import bridge_codec
-    from workers.workqueues import qlite_codec
+    from shardbroker.workers import bridge_codec
+    from shardbroker.workers.workqueues import qlite_codec
 
     cfg = secured(pki, bridge={"enabled": True, "port": 0, "user": "bob", "tls": {"verify_and_map": True}},
                   qlite={"enabled": True, "port": 0, "tls": True})
@@ -395,7 +395,7 @@ def test_monitoring_serves_https(start_broker, pki):
 # -- reload ------------------------------------------------------------------------------------------------------
 
 def _reload(b) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli", "reload", "--pid", str(b.proc.pid)], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "shardbroker.cli", "reload", "--pid", str(b.proc.pid)], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
 
 
@@ -459,7 +459,7 @@ def test_a_bad_tls_file_stops_the_start_naming_the_key(tmp_path, pki):
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"tls": {"cert": pki["cert"], "key": str(tmp_path / "missing.key")},
                                 "nats": {"tls": True}}))
-    res = subprocess.run([sys.executable, "-m", "cli", "start", "--config", str(path), "--port", "0",
+    res = subprocess.run([sys.executable, "-m", "shardbroker.cli", "start", "--config", str(path), "--port", "0",
                           "--nats-port", "0", "--monitor-port", "0", "--workers", "1"], cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2

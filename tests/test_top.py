@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from cli.top import model
+from shardbroker.cli.top import model
 from harness import REPO, Broker, Raw
 
 
@@ -139,7 +139,7 @@ def test_an_unreachable_monitoring_endpoint_is_one_line_and_exit_1():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     for args in (["--once"], []):
-        res = subprocess.run([sys.executable, "-m", "cli", "top", "-m", f"127.0.0.1:{port}", *args],
+        res = subprocess.run([sys.executable, "-m", "shardbroker.cli", "top", "-m", f"127.0.0.1:{port}", *args],
                              capture_output=True, text=True, cwd=REPO, timeout=30, stdin=subprocess.DEVNULL)
         if args:
             assert res.returncode == 1 and res.stdout == ""
@@ -336,7 +336,7 @@ def test_pilot_workers_subjects_drill_down_to_subscribers_and_connections(live):
 
 
 async def pilot_session(broker: Broker, traffic: Traffic) -> None:
-    from cli.top.app import TopApp
+    from shardbroker.cli.top.app import TopApp
 
     poller = model.Poller(model.Client(monitor(broker)), interval=0.5, limit=50)
     app = TopApp(poller)

@@ -5,14 +5,14 @@ import random
 
 import pytest
 
-from cluster import config as cfgmod
-from cluster import control
-from router import frames
-from router.shardmap import owner
-from router.subjects import covers, is_valid_literal, is_valid_pattern
-from router.sublist import Sublist
-from workers import ndjson_codec as codec
-from workers.message import KIND_JSON, KIND_RAW
+from shardbroker.cluster import config as cfgmod
+from shardbroker.cluster import control
+from shardbroker.router import frames
+from shardbroker.router.shardmap import owner
+from shardbroker.router.subjects import covers, is_valid_literal, is_valid_pattern
+from shardbroker.router.sublist import Sublist
+from shardbroker.workers import ndjson_codec as codec
+from shardbroker.workers.message import KIND_JSON, KIND_RAW
 
 
 @pytest.mark.parametrize("subject,pattern_ok,literal_ok", [
@@ -251,7 +251,7 @@ def test_deploy_example_config_spells_out_the_defaults():
 
 
 def test_password_hash_format_and_verification():
-    from cluster import passwords
+    from shardbroker.cluster import passwords
     h = passwords.hash_password("pässword", 1000)
     assert h.startswith("$pbkdf2-sha256$i=1000$") and h.count("$") == 4
     assert passwords.verify(h, "pässword") and not passwords.verify(h, "password")
@@ -273,12 +273,12 @@ def test_password_hash_format_and_verification():
     ("publish:*", "x", False),
 ])
 def test_permission_coverage(perm, pattern, subscribe_ok):
-    from cluster.permissions import Permissions
+    from shardbroker.cluster.permissions import Permissions
     assert Permissions([perm]).may_subscribe(pattern) is subscribe_ok
 
 
 def test_permission_strings_are_validated():
-    from cluster.permissions import PermissionFormatError, Permissions
+    from shardbroker.cluster.permissions import PermissionFormatError, Permissions
     for bad in ["publish", "publish:", "read:x", "publish:a.*.b", "publish:a..b", "subscribe:ch*.x.>.y"]:
         with pytest.raises(PermissionFormatError):
             Permissions([bad])
@@ -289,7 +289,7 @@ def test_the_runtime_directory_goes_on_a_tmpfs_where_there_is_one(tmp_path, monk
     directory (cluster/runtime.py)."""
     import tempfile
 
-    from cluster import runtime
+    from shardbroker.cluster import runtime
 
     xdg = tmp_path / "xdg"
     xdg.mkdir()

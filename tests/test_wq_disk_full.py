@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from harness import Broker, free_space, on_worker, small_disk
-from workers.workqueues.journal import Journal
-from workers.workqueues.model import D_RECEIPT, Settings
-from workers.workqueues.shard import JOURNAL_UNAVAILABLE, Shard
+from shardbroker.workers.workqueues.journal import Journal
+from shardbroker.workers.workqueues.model import D_RECEIPT, Settings
+from shardbroker.workers.workqueues.shard import JOURNAL_UNAVAILABLE, Shard
 
 REFUSED = {"ok": False, "error": JOURNAL_UNAVAILABLE, "retry": True}
 HAVE_DEV_FULL = os.path.exists("/dev/full")
@@ -328,7 +328,7 @@ def test_a_full_journal_disk_refuses_pushes_and_loses_nothing(tmp_path, how):
                     dict(REFUSED, id=7)
                 assert nats_request(b.ports["nats"], "$Q.PUSH.jobs", json.dumps({"pad": body}).encode()) == \
                     REFUSED
-                cli = subprocess.run([sys.executable, "-m", "cli", "queue", "push", "-p", str(b.port), "jobs",
+                cli = subprocess.run([sys.executable, "-m", "shardbroker.cli", "queue", "push", "-p", str(b.port), "jobs",
                                       body], capture_output=True, text=True, timeout=30,
                                      cwd=Path(__file__).parent.parent)
                 assert cli.returncode != 0 and "journal_unavailable (retry later)" in cli.stderr, cli

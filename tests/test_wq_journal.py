@@ -12,9 +12,9 @@ import zlib
 
 import pytest
 
-from workers.workqueues import journal as jmod
-from workers.workqueues.journal import Journal
-from workers.workqueues.model import D_ID, D_RECEIPT, DATA, MS, SEQ, Settings
+from shardbroker.workers.workqueues import journal as jmod
+from shardbroker.workers.workqueues.journal import Journal
+from shardbroker.workers.workqueues.model import D_ID, D_RECEIPT, DATA, MS, SEQ, Settings
 
 RECORDS = [
     ("orders", ("push", 1, "aWQtMQ==", b"\x00hello\xff" * 3, 4, 1_700_000_000_000_000_000, 0, 0, "", "", 0)),
@@ -735,7 +735,7 @@ def test_a_journal_from_another_boot_ends_leases_and_keeps_delays_by_the_wall_cl
     import asyncio
     import time
 
-    from workers.workqueues.shard import Shard
+    from shardbroker.workers.workqueues.shard import Shard
 
     path = str(tmp_path / "q.journal")
 
@@ -788,7 +788,7 @@ def test_batch_records_replay_to_the_same_queue(tmp_path):
     import asyncio
     import time
 
-    from workers.workqueues.shard import Shard
+    from shardbroker.workers.workqueues.shard import Shard
 
     path = str(tmp_path / "q.journal")
 
@@ -834,8 +834,8 @@ def test_rows_of_single_pushes_replay_together_to_the_same_queues(tmp_path, monk
     import asyncio
     import time
 
-    from workers.workqueues import model
-    from workers.workqueues.shard import Shard
+    from shardbroker.workers.workqueues import model
+    from shardbroker.workers.workqueues.shard import Shard
 
     path = str(tmp_path / "q.journal")
 
@@ -876,7 +876,7 @@ def test_a_queue_forgotten_and_made_anew_replays_as_it_is(tmp_path):
     numbers start again from 1, come after them and rebuild what it holds."""
     import asyncio
 
-    from workers.workqueues.shard import Shard
+    from shardbroker.workers.workqueues.shard import Shard
 
     path = str(tmp_path / "q.journal")
 
@@ -919,8 +919,8 @@ def test_a_snapshot_rebuilds_the_queue_as_it_was_when_taken(tmp_path, monkeypatc
     import asyncio
     import time
 
-    from workers.workqueues import model
-    from workers.workqueues.shard import Shard
+    from shardbroker.workers.workqueues import model
+    from shardbroker.workers.workqueues.shard import Shard
 
     monkeypatch.setattr(model, "SNAPSHOT_RUN", 7)
     monkeypatch.setattr(model, "SNAPSHOT_BYTES", 300)
@@ -981,8 +981,8 @@ def test_a_compaction_step_waits_for_the_end_of_a_turn(tmp_path, monkeypatch):
     import asyncio
     import time
 
-    from workers.workqueues import model
-    from workers.workqueues.shard import Shard
+    from shardbroker.workers.workqueues import model
+    from shardbroker.workers.workqueues.shard import Shard
 
     monkeypatch.setattr(model, "SNAPSHOT_RUN", 10)
 
@@ -1026,8 +1026,8 @@ def test_the_shard_compacts_a_batch_per_turn_and_keeps_the_journal_when_that_fai
     import asyncio
     import time
 
-    from workers.workqueues import model
-    from workers.workqueues.shard import Shard
+    from shardbroker.workers.workqueues import model
+    from shardbroker.workers.workqueues.shard import Shard
 
     monkeypatch.setattr(model, "SNAPSHOT_RUN", 10)
     path = str(tmp_path / "q.journal")
@@ -1098,8 +1098,8 @@ def test_records_of_older_journals_still_replay(tmp_path):
     ``requeue``) replay into the same queue."""
     import asyncio
 
-    from workers.workqueues.model import receipt_text
-    from workers.workqueues.shard import Shard
+    from shardbroker.workers.workqueues.model import receipt_text
+    from shardbroker.workers.workqueues.shard import Shard
 
     path = str(tmp_path / "old.journal")
     r1, r2, r3 = b"\x01" * 16, b"\x02" * 16, b"\x03" * 16
@@ -1134,7 +1134,7 @@ def test_ready_order_matches_a_heap_of_priority_and_seq():
     import heapq
     import random
 
-    from workers.workqueues.model import _Ready
+    from shardbroker.workers.workqueues.model import _Ready
 
     rng = random.Random(11)
     ready, ref = _Ready(), []
@@ -1187,7 +1187,7 @@ def test_receipt_and_id_pools():
     pool refill); a forked child draws its own."""
     import base64
 
-    from workers.workqueues import model
+    from shardbroker.workers.workqueues import model
 
     seen = set()
     for n in (1, 1, 300, 7, 1000, 1):

@@ -8,11 +8,11 @@ import gc
 
 import pytest
 
-from workers.workqueues import history, model, shard as shard_mod
-from workers.workqueues.journal import Journal
-from workers.message import KIND_JSON
-from workers.workqueues.model import D_RECEIPT, MS, Queue, Settings
-from workers.workqueues.shard import Shard
+from shardbroker.workers.workqueues import history, model, shard as shard_mod
+from shardbroker.workers.workqueues.journal import Journal
+from shardbroker.workers.message import KIND_JSON
+from shardbroker.workers.workqueues.model import D_RECEIPT, MS, Queue, Settings
+from shardbroker.workers.workqueues.shard import Shard
 
 
 def _queue(settings: Settings = Settings()) -> Queue:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from cluster.config import valid_name
-from cluster.permissions import PermissionFormatError, validate
+from shardbroker.cluster.config import valid_name
+from shardbroker.cluster.permissions import PermissionFormatError, validate
 
 if TYPE_CHECKING:
-    from .hub import Hub
+    from shardbroker.workers.hub import Hub
 
 
 class AdminError(Exception):

@@ -23,10 +23,10 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Awaitable, Callable, TypeVar
 
-from cluster import passwords
-from cluster.attempts import Blocked
-from cluster.config import SecurityConfig
-from cluster.users import Registry, User
+from shardbroker.cluster import passwords
+from shardbroker.cluster.attempts import Blocked
+from shardbroker.cluster.config import SecurityConfig
+from shardbroker.cluster.users import Registry, User
 
 
 log = logging.getLogger("broker.auth")

@@ -24,10 +24,10 @@ import sys
 import time
 from typing import TYPE_CHECKING, Callable, Protocol
 
-from router import guard
+from shardbroker.router import guard
 
-from .connz_view import ConnzView
-from .turn import TURN_BUDGET
+from shardbroker.workers.connz_view import ConnzView
+from shardbroker.workers.turn import TURN_BUDGET
 
 try:
     import fcntl
@@ -36,13 +36,13 @@ except ImportError:  # not a POSIX system
     fcntl = termios = None
 
 if TYPE_CHECKING:
-    from cluster.config import LimitsConfig
-    from cluster.users import User
+    from shardbroker.cluster.config import LimitsConfig
+    from shardbroker.cluster.users import User
 
-    from .auth import Authenticator
-    from .backpressure import Backpressure
-    from .queues import QueueTable
-    from .subscription import Subscription
+    from shardbroker.workers.auth import Authenticator
+    from shardbroker.workers.backpressure import Backpressure
+    from shardbroker.workers.queues import QueueTable
+    from shardbroker.workers.subscription import Subscription
 
 log = logging.getLogger("broker.conn")
 

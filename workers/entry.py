@@ -15,7 +15,7 @@ import sys
 
 def main() -> None:
     _marker, _index, boot_fd, ctl_fd = sys.argv[1:5]
-    from .process import main as worker_main  # the bulk of the start-up: asyncio, uvloop, zmq, the hub
+    from shardbroker.workers.process import main as worker_main  # the bulk of the start-up: asyncio, uvloop, zmq, the hub
 
     with open(int(boot_fd), "rb") as fh:
         data = fh.read()

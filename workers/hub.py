@@ -40,30 +40,30 @@ import logging
 import time
 from typing import TYPE_CHECKING, Awaitable, Callable, Protocol
 
-from router import control, guard, shardmap
-from router.fabric import Fabric
-from router.subjects import is_literal
-from router.sublist import Sublist
+from shardbroker.router import control, guard, shardmap
+from shardbroker.router.fabric import Fabric
+from shardbroker.router.subjects import is_literal
+from shardbroker.router.sublist import Sublist
 
-from . import ndjson_codec, speedups
-from .backpressure import Backpressure
-from .message import KIND_RAW, as_bytes
-from .nats_codec import Outgoing, msg_tail
-from .polls import PER_CONNECTION as _POLLS, PER_WORKER as _POLLS_PER_WORKER, PendingPolls
-from .queues import QueueTable
-from .shardstate import SubjectTable
-from .speedups import msg_tails
-from .subscription import Subscription
-from .tally import Tally
-from .turn import TURN_BUDGET, Turn
+from shardbroker.workers import ndjson_codec, speedups
+from shardbroker.workers.backpressure import Backpressure
+from shardbroker.workers.message import KIND_RAW, as_bytes
+from shardbroker.workers.nats_codec import Outgoing, msg_tail
+from shardbroker.workers.polls import PER_CONNECTION as _POLLS, PER_WORKER as _POLLS_PER_WORKER, PendingPolls
+from shardbroker.workers.queues import QueueTable
+from shardbroker.workers.shardstate import SubjectTable
+from shardbroker.workers.speedups import msg_tails
+from shardbroker.workers.subscription import Subscription
+from shardbroker.workers.tally import Tally
+from shardbroker.workers.turn import TURN_BUDGET, Turn
 
 if TYPE_CHECKING:
     import socket
 
-    from cluster.config import Config
+    from shardbroker.cluster.config import Config
 
-    from .auth import Authenticator
-    from .connection import Connection
+    from shardbroker.workers.auth import Authenticator
+    from shardbroker.workers.connection import Connection
 
 log = logging.getLogger("broker.hub")
 

@@ -20,10 +20,10 @@ import logging
 import random
 from typing import TYPE_CHECKING, Callable
 
-from .connection import LINGER
+from shardbroker.workers.connection import LINGER
 
 if TYPE_CHECKING:
-    from .hub import Hub
+    from shardbroker.workers.hub import Hub
 
 log = logging.getLogger("broker.lameduck")
 

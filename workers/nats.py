@@ -21,15 +21,15 @@ import time
 
 import orjson
 
-from router.subjects import covers, is_valid_pattern
+from shardbroker.router.subjects import covers, is_valid_pattern
 
-from . import nats_codec as codec
-from .auth import RateLimited
-from .connection import Connection
-from .hub import Hub
-from .subscription import Subscription
-from .message import KIND_RAW
-from .workqueues import nats_ops as queue_ops
+from shardbroker.workers import nats_codec as codec
+from shardbroker.workers.auth import RateLimited
+from shardbroker.workers.connection import Connection
+from shardbroker.workers.hub import Hub
+from shardbroker.workers.subscription import Subscription
+from shardbroker.workers.message import KIND_RAW
+from shardbroker.workers.workqueues import nats_ops as queue_ops
 
 log = logging.getLogger("broker.nats")
 

@@ -21,7 +21,7 @@ sends the text (if any) and closes.
 
 from __future__ import annotations
 
-from .speedups import scan_pubs
+from shardbroker.workers.speedups import scan_pubs
 
 OP_PUB, OP_SUB, OP_UNSUB, OP_PING, OP_PONG, OP_CONNECT, OP_INFO, OP_ERR, OP_PUBS = range(9)
 

@@ -18,18 +18,18 @@ import logging
 import os
 from typing import Awaitable, Callable
 
-from router.subjects import is_valid_literal, is_valid_pattern
+from shardbroker.router.subjects import is_valid_literal, is_valid_pattern
 
-from . import admin
-from . import ndjson_codec as codec
-from .auth import RateLimited
-from .connection import Connection
-from .hub import Hub
-from .subscription import Subscription
-from .message import KIND_JSON
-from .speedups import ndjson_runs
-from .workqueues.ndjson_ops import OPS as QUEUE_OPS
-from .workqueues.ndjson_ops import PUSH, flush_pushes, push_run
+from shardbroker.workers import admin
+from shardbroker.workers import ndjson_codec as codec
+from shardbroker.workers.auth import RateLimited
+from shardbroker.workers.connection import Connection
+from shardbroker.workers.hub import Hub
+from shardbroker.workers.subscription import Subscription
+from shardbroker.workers.message import KIND_JSON
+from shardbroker.workers.speedups import ndjson_runs
+from shardbroker.workers.workqueues.ndjson_ops import OPS as QUEUE_OPS
+from shardbroker.workers.workqueues.ndjson_ops import PUSH, flush_pushes, push_run
 
 log = logging.getLogger("broker.ndjson")
 

@@ -20,7 +20,7 @@ import json
 
 import orjson
 
-from .message import KIND_JSON, as_json
+from shardbroker.workers.message import KIND_JSON, as_json
 
 OK = b'{"ok":true}\n'
 

@@ -13,7 +13,7 @@ import asyncio
 from typing import TYPE_CHECKING, Callable, Protocol
 
 if TYPE_CHECKING:
-    from cluster.config import LimitsConfig
+    from shardbroker.cluster.config import LimitsConfig
 
 Reply = Callable[[dict], None]
 REFUSED = {"ok": False, "error": "too_many_waiters", "retry": True}

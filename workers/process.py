@@ -29,17 +29,17 @@ import socket
 import sys
 import time
 
-from cluster import connz, control, protocols, runtime
-from cluster.config import Config, from_document
-from cluster.logs import flush_floods, setup_logging
-from router.fabric import Fabric
+from shardbroker.cluster import connz, control, protocols, runtime
+from shardbroker.cluster.config import Config, from_document
+from shardbroker.cluster.logs import flush_floods, setup_logging
+from shardbroker.router.fabric import Fabric
 
-from .auth import Authenticator
-from .hub import Hub
-from .lameduck import LameDuck
-from .looplag import LoopLag
-from .tls import WorkerTls
-from . import reconfigure, workqueues
+from shardbroker.workers.auth import Authenticator
+from shardbroker.workers.hub import Hub
+from shardbroker.workers.lameduck import LameDuck
+from shardbroker.workers.looplag import LoopLag
+from shardbroker.workers.tls import WorkerTls
+from shardbroker.workers import reconfigure, workqueues
 
 log = logging.getLogger("broker.worker")
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING, Callable
 
-from router.subjects import covers
-from router.sublist import Sublist
+from shardbroker.router.subjects import covers
+from shardbroker.router.sublist import Sublist
 
 if TYPE_CHECKING:
-    from .subscription import Subscription
+    from shardbroker.workers.subscription import Subscription
 
 Member = tuple  # (group: str, worker: int, cid: int, sid: bytes, user: str | None)
 MayReceive = Callable[[str, str], bool]   # (user name, subject): whether that user may receive it now

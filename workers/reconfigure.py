@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from cluster.config import Config
+from shardbroker.cluster.config import Config
 
 if TYPE_CHECKING:
-    from .auth import Authenticator
-    from .hub import Hub
+    from shardbroker.workers.auth import Authenticator
+    from shardbroker.workers.hub import Hub
 
 log = logging.getLogger("broker.worker")
 

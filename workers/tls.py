@@ -14,8 +14,8 @@ import logging
 import socket
 from typing import Callable
 
-from cluster import protocols, tls
-from cluster.config import Config
+from shardbroker.cluster import protocols, tls
+from shardbroker.cluster.config import Config
 
 log = logging.getLogger("broker.tls")
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 from typing import Callable, Protocol
 
-from router import guard
+from shardbroker.router import guard
 
 # Publishes and deliveries (a work-queue push counts as several: workqueues.service.PUSH_WORK) one turn may make
 # before the rest of a read or of a fabric frame waits for the next.

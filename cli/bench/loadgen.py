@@ -24,8 +24,8 @@ from multiprocessing.connection import Connection
 
 import orjson
 
-from .qload import QueueLoad
-from .wire import STAMP, WIRES, Counter, payload
+from shardbroker.cli.bench.qload import QueueLoad
+from shardbroker.cli.bench.wire import STAMP, WIRES, Counter, payload
 
 _QUIET = 0.75          # seconds without deliveries, after the publishers stop, that end a run
 _MAX_DRAIN = 60.0      # the most a run waits for deliveries after the publishers stop

@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 import threading
 
-from .wire import WIRES, payload
+from shardbroker.cli.bench.wire import WIRES, payload
 
 
 class NullServer:

@@ -26,7 +26,7 @@ import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
 
-from . import loadgen, qload, servers
+from shardbroker.cli.bench import loadgen, qload, servers
 
 
 @dataclass(frozen=True)
@@ -206,7 +206,7 @@ class Bench:
     def generator_check(self) -> list[dict]:
         """What one generator process reaches against a server that only discards (publishing) or only streams
         (subscribing): the ceiling of what the benchmark can measure."""
-        from .nullserver import NullServer
+        from shardbroker.cli.bench.nullserver import NullServer
 
         ctx = multiprocessing.get_context("spawn")
         parent, child = ctx.Pipe()

@@ -127,7 +127,7 @@ def start_broker(workers: int | None, config: str | None = None) -> Server:
     """This broker on free ports, with the configuration file ``config`` if one is given."""
     log = tempfile.NamedTemporaryFile(prefix="bench-broker-", suffix=".log", delete=False)
     # At the default log level: the ready line (INFO) names the ports.
-    cmd = [sys.executable, "-m", "cli", "start", "--port", "0", "--nats-port", "0", "--monitor-port", "0",
+    cmd = [sys.executable, "-m", "shardbroker.cli", "start", "--port", "0", "--nats-port", "0", "--monitor-port", "0",
            "--grace", "2"]
     if workers:
         cmd += ["--workers", str(workers)]
@@ -135,7 +135,7 @@ def start_broker(workers: int | None, config: str | None = None) -> Server:
         cmd += ["--config", config]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    from cluster import VERSION
+    from shardbroker.cluster import VERSION
 
     server = Server("shardbroker", VERSION, proc=proc, _log=log)
     deadline = time.monotonic() + 60
@@ -221,7 +221,7 @@ def start_redis(aof: bool = False) -> Server | None:
     store = ""
     persistence = ["--save", "", "--appendonly", "no"]
     if aof:   # on the filesystem this broker's journals are on by default: both write to the same medium
-        from cluster import runtime
+        from shardbroker.cluster import runtime
 
         store = tempfile.mkdtemp(prefix="bench-redis-aof-", dir=runtime.default_parent())
         persistence = ["--save", "", "--appendonly", "yes", "--appendfsync", "everysec", "--dir", store]

@@ -88,7 +88,7 @@ def _started(kind: str | None, workers: int, needed: list[str]):
     if kind is None:
         yield {}, None, ""
         return
-    from cli.bench import servers
+    from shardbroker.cli.bench import servers
 
     start = {"shardbroker": lambda: servers.start_broker(workers), "nats-server": servers.start_nats,
              "redis": servers.start_redis}[kind]
@@ -123,8 +123,8 @@ def _started(kind: str | None, workers: int, needed: list[str]):
 @click.option("--no-progress", is_flag=True, help="No live progress line.")
 def run_cmd(scenario_path, master, brokers, start_kind, workers, monitor, out_dir, tables_uri, no_progress) -> None:
     """Run SCENARIO (a TOML file; the embedded default without one) and write its results."""
-    from . import scenario as scenario_mod
-    from .scenario import ScenarioError
+    from shardbroker.cli.loadtest import scenario as scenario_mod
+    from shardbroker.cli.loadtest.scenario import ScenarioError
 
     try:
         sc = scenario_mod.load(scenario_path) if scenario_path else scenario_mod.loads(DEFAULT_SCENARIO, "default")
@@ -141,8 +141,8 @@ def run_cmd(scenario_path, master, brokers, start_kind, workers, monitor, out_di
         click.echo(f"error: brokerctl loadtest needs its extra ({missing[0]} is missing): "
                    f"{sys.executable} -m pip install 'shardbroker[loadtest]' (make test installs it)", err=True)
         sys.exit(3)
-    from .job import Interrupted, LoadTestError, run
-    from .summary import render_text
+    from shardbroker.cli.loadtest.job import Interrupted, LoadTestError, run
+    from shardbroker.cli.loadtest.summary import render_text
 
     try:
         with _started(start_kind, workers, sc.endpoints_needed()) as (started, started_monitor, version):
@@ -168,7 +168,7 @@ def run_cmd(scenario_path, master, brokers, start_kind, workers, monitor, out_di
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), help="Where compare.html goes.")
 def compare_cmd(dirs, out_dir) -> None:
     """Overlay runs (throughput over time, percentile spectra) and print them side by side."""
-    from .compare import compare
+    from shardbroker.cli.loadtest.compare import compare
 
     try:
         click.echo(compare(list(dirs), out_dir))

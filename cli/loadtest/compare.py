@@ -13,8 +13,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from cli.loadtest import report
-from cli.loadtest.summary import fmt_rate, fmt_us
+from shardbroker.cli.loadtest import report
+from shardbroker.cli.loadtest.summary import fmt_rate, fmt_us
 
 
 def load(result_dir: str) -> dict[str, Any]:

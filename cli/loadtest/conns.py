@@ -16,7 +16,7 @@ from collections import deque
 
 import orjson
 
-from . import frame
+from shardbroker.cli.loadtest import frame
 
 _now = time.monotonic_ns
 

@@ -23,9 +23,9 @@ import urllib.request
 import uuid
 from collections import defaultdict
 
-from . import plan as planning
-from .accounting import merge_group
-from .scenario import SAFETY_CONF, Scenario
+from shardbroker.cli.loadtest import plan as planning
+from shardbroker.cli.loadtest.accounting import merge_group
+from shardbroker.cli.loadtest.scenario import SAFETY_CONF, Scenario
 
 # Settings a load test cannot run correctly without, and a stage short of slots failing in seconds, not ~10 minutes.
 REQUIRED_CONF = {
@@ -283,9 +283,9 @@ def run(sc: Scenario, endpoints: dict[str, str], out_dir: str, spark=None, maste
 
 def _run(sc: Scenario, spark, endpoints: dict[str, str], out_dir: str, run_id: str, progress: bool,
          monitor: str | None, broker_version: str, tables_uri: str | None) -> dict:
-    from cluster import VERSION
-    from . import results as results_mod
-    from .thresholds import parse
+    from shardbroker.cluster import VERSION
+    from shardbroker.cli.loadtest import results as results_mod
+    from shardbroker.cli.loadtest.thresholds import parse
 
     sctx = spark.sparkContext
     # A session made elsewhere (a notebook, an earlier getOrCreate) keeps its own settings: refuse to run the load
@@ -306,7 +306,7 @@ def _run(sc: Scenario, spark, endpoints: dict[str, str], out_dir: str, run_id: s
               f"{sc.warmup:g}s warm-up + {sc.duration:g}s measured", file=sys.stderr)
     interrupted = _cancel_on_interrupt(sctx)
     try:
-        from .task import run_partition
+        from shardbroker.cli.loadtest.task import run_partition
 
         rdd = sctx.parallelize(specs, len(specs)).barrier().mapPartitions(run_partition)
         collected = rdd.collect()     # the one action of this RDD: see the module's docstring

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import socket
 
-from .scenario import ENDPOINT_OF, Scenario, Workload
+from shardbroker.cli.loadtest.scenario import ENDPOINT_OF, Scenario, Workload
 
 PUB_ID_STRIDE = 1 << 16      # pub_id = task * stride + connection: a publisher id says which task sent it
 

@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cli.loadtest.summary import dense_spectrum, flag_notes, fmt_rate, fmt_us, render_text
+from shardbroker.cli.loadtest.summary import dense_spectrum, flag_notes, fmt_rate, fmt_us, render_text
 
 CHARTS = ("throughput", "latency", "spectrum", "tasks")
 _PHASE_SHADE = {"warmup": "#fde68a", "drain": "#e5e7eb"}

@@ -23,8 +23,8 @@ from typing import Any, TextIO
 from hdrh.histogram import HdrHistogram
 from hdrh.log import HistogramLogWriter
 
-from cli.loadtest import report, summary as summary_mod, thresholds as thresholds_mod
-from cli.loadtest.schema import SCHEMAS, TABLES, rows_for
+from shardbroker.cli.loadtest import report, summary as summary_mod, thresholds as thresholds_mod
+from shardbroker.cli.loadtest.schema import SCHEMAS, TABLES, rows_for
 
 
 def write_results(spark: Any, out_dir: str, tables: Mapping[str, list[dict]],

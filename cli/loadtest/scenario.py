@@ -320,7 +320,7 @@ def _scenario(raw: dict, text: str) -> Scenario:
         if w.protocol == "queue" and w.queue.visibility >= sc.drain_timeout and w.queue.abandon:
             raise ScenarioError(f"workload {w.name}: drain_timeout must be longer than queue.visibility when "
                                 "leases are abandoned, or their redeliveries cannot be counted")
-    from .thresholds import parse   # the threshold grammar lives with its evaluation
+    from shardbroker.cli.loadtest.thresholds import parse  # the threshold grammar lives with its evaluation
     try:
         parse(sc.thresholds, [w.name for w in ws])
     except ValueError as exc:

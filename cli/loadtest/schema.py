@@ -24,7 +24,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from cli.loadtest.summary import HDR_METRICS  # the intervals table's *_hdr columns, in order
+from shardbroker.cli.loadtest.summary import HDR_METRICS  # the intervals table's *_hdr columns, in order
 
 TABLES: tuple[str, ...] = ("runs", "tasks", "intervals", "streams", "clock")
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from hdrh.histogram import HdrHistogram
 
-from cli.loadtest import thresholds as thresholds_mod
+from shardbroker.cli.loadtest import thresholds as thresholds_mod
 
 # Latency metrics, each an intervals column <metric>_hdr holding HdrHistogram(1, 60_000_000, 3).encode() or "".
 HDR_METRICS: tuple[str, ...] = thresholds_mod.LATENCY

@@ -20,13 +20,13 @@ from array import array
 
 import orjson
 
-from . import frame
-from .accounting import Bitmap, GroupMember, OrderedTracker
-from .conns import Conn, QueueConn, Sink, open_conn
-from .clock import Clock
-from .plan import clock_subject, split_endpoint
-from .recorder import Recorder
-from .schedule import Schedule
+from shardbroker.cli.loadtest import frame
+from shardbroker.cli.loadtest.accounting import Bitmap, GroupMember, OrderedTracker
+from shardbroker.cli.loadtest.conns import Conn, QueueConn, Sink, open_conn
+from shardbroker.cli.loadtest.clock import Clock
+from shardbroker.cli.loadtest.plan import clock_subject, split_endpoint
+from shardbroker.cli.loadtest.recorder import Recorder
+from shardbroker.cli.loadtest.schedule import Schedule
 
 _now = time.monotonic_ns
 MAX_BATCH = 2000            # messages per connection per write; more stay due (late, so they show as lag)

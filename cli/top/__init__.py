@@ -38,7 +38,7 @@ def top(monitor: str | None, host: str | None, interval: float, limit: int, view
     Keys: w/t/u/c (or 1-4) views, o/O sort by the next/previous column, r reverse, Enter on a subject its
     subscribers, Esc back, / filter, b raw numbers, p pause, +/- interval, ? help, q quit.
     """
-    from . import model
+    from shardbroker.cli.top import model
 
     try:
         url = model.monitor_url(monitor, host)
@@ -62,7 +62,7 @@ def top(monitor: str | None, host: str | None, interval: float, limit: int, view
         first = poller.poll(want, conn_sort=sorts.get("connections", "cid"))
         if not once:
             try:
-                from .app import TopApp  # textual: paid for by the console only
+                from shardbroker.cli.top.app import TopApp  # textual: paid for by the console only
             except ImportError as exc:
                 raise click.ClickException(f"the console needs textual ({exc}): pip install 'shardbroker[top]'; "
                                            "--once works without it") from None

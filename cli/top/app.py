@@ -17,7 +17,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Footer, Input, Static
 
-from . import model
+from shardbroker.cli.top import model
 
 HELP = """\
 w 1  workers        t 2  subjects        u 3  queues        c 4  connections

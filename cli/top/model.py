@@ -557,7 +557,7 @@ class Poller:
     def _subscribers(self, snap: Snapshot, subject: str) -> None:
         """The connections that receive ``subject``: every connection's subscriptions, matched here (the broker
         has no reverse index to ask; only fetched while the drill-down is open)."""
-        from router.subjects import covers
+        from shardbroker.router.subjects import covers
 
         body = self.client.get("/connz", subs=1, limit=1_000_000)
         t = parse_now(body.get("now"), time.time())

@@ -11,15 +11,15 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from . import core
-from .journal import Journal
-from .model import Settings
-from .service import QueueService
-from .shard import Shard
+from shardbroker.workers.workqueues import core
+from shardbroker.workers.workqueues.journal import Journal
+from shardbroker.workers.workqueues.model import Settings
+from shardbroker.workers.workqueues.service import QueueService
+from shardbroker.workers.workqueues.shard import Shard
 
 if TYPE_CHECKING:
-    from cluster.config import Config
-    from workers.hub import Hub
+    from shardbroker.cluster.config import Config
+    from shardbroker.workers.hub import Hub
 
 log = logging.getLogger("broker.queues")
 

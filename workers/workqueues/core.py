@@ -5,11 +5,11 @@
 
 from __future__ import annotations
 
-from workers import speedups
+from shardbroker.workers import speedups
 
-from . import purecore
+from shardbroker.workers.workqueues import purecore
 
-_impl, MISSING = speedups.load("workers.workqueues._qcore", purecore)
+_impl, MISSING = speedups.load("shardbroker.workers.workqueues._qcore", purecore)
 IMPLEMENTATION = "pure" if _impl is purecore else "compiled"
 b64url_chunks = _impl.b64url_chunks
 grant = _impl.grant

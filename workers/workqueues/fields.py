@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 from typing import Iterable
 
-from .operations import OPERATIONS
+from shardbroker.workers.workqueues.operations import OPERATIONS
 
 # NDJSON: the request fields that go to the shard as its arguments, for each op it spells (operations.OPERATIONS)
 ARGS = {op.name: op.args for op in OPERATIONS if op.ndjson}

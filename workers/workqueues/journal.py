@@ -87,7 +87,7 @@ import zlib
 from queue import SimpleQueue
 from typing import Callable, Iterable, Iterator
 
-from . import core
+from shardbroker.workers.workqueues import core
 
 log = logging.getLogger("broker.journal")
 

@@ -39,8 +39,8 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from . import core
-from .history import History
+from shardbroker.workers.workqueues import core
+from shardbroker.workers.workqueues.history import History
 
 MS = 1_000_000  # ns
 MAX_PRIORITY = 9

@@ -23,19 +23,19 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from router.subjects import is_valid_literal
-from workers.message import KIND_RAW, as_bytes
-from workers.nats_codec import Outgoing
+from shardbroker.router.subjects import is_valid_literal
+from shardbroker.workers.message import KIND_RAW, as_bytes
+from shardbroker.workers.nats_codec import Outgoing
 
-from . import fields as known
-from .operations import OPERATIONS
-from .model import D_DATA, D_DELIVERIES, D_ID, D_KIND, D_RECEIPT, MS
-from .service import PUSH_WORK, allowed
-from .shard import MAX_BATCH, MAX_WAIT_MS
+from shardbroker.workers.workqueues import fields as known
+from shardbroker.workers.workqueues.operations import OPERATIONS
+from shardbroker.workers.workqueues.model import D_DATA, D_DELIVERIES, D_ID, D_KIND, D_RECEIPT, MS
+from shardbroker.workers.workqueues.service import PUSH_WORK, allowed
+from shardbroker.workers.workqueues.shard import MAX_BATCH, MAX_WAIT_MS
 
 if TYPE_CHECKING:
-    from workers.hub import Hub
-    from workers.subscription import Subscription
+    from shardbroker.workers.hub import Hub
+    from shardbroker.workers.subscription import Subscription
 
 
 class Session(Protocol):

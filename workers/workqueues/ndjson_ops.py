@@ -17,16 +17,16 @@ from typing import Any, Callable, Protocol
 
 import orjson
 
-from workers import moves, ndjson_codec as codec
-from workers.connection import Connection
-from workers.turn import TURN_BUDGET
-from workers.message import KIND_JSON, as_json
-from workers.speedups import qpush_batch, unplain
+from shardbroker.workers import moves, ndjson_codec as codec
+from shardbroker.workers.connection import Connection
+from shardbroker.workers.turn import TURN_BUDGET
+from shardbroker.workers.message import KIND_JSON, as_json
+from shardbroker.workers.speedups import qpush_batch, unplain
 
-from . import core, fields as known
-from .operations import OPERATIONS
-from .service import PUSH_WORK, allowed
-from .shard import MAX_BATCH
+from shardbroker.workers.workqueues import core, fields as known
+from shardbroker.workers.workqueues.operations import OPERATIONS
+from shardbroker.workers.workqueues.service import PUSH_WORK, allowed
+from shardbroker.workers.workqueues.shard import MAX_BATCH
 
 
 

@@ -35,17 +35,17 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Callable
 
-from workers.auth import RateLimited
-from workers.connection import Connection
-from workers.message import KIND_RAW, as_bytes
-from workers.tally import Tally
+from shardbroker.workers.auth import RateLimited
+from shardbroker.workers.connection import Connection
+from shardbroker.workers.message import KIND_RAW, as_bytes
+from shardbroker.workers.tally import Tally
 
-from . import qlite_codec as codec
-from .model import D_DATA, D_KIND, D_RECEIPT, DLQ_SUFFIX, receipt_bytes, receipt_text
+from shardbroker.workers.workqueues import qlite_codec as codec
+from shardbroker.workers.workqueues.model import D_DATA, D_KIND, D_RECEIPT, DLQ_SUFFIX, receipt_bytes, receipt_text
 
 if TYPE_CHECKING:
-    from cluster.users import User
-    from workers.hub import Hub
+    from shardbroker.cluster.users import User
+    from shardbroker.workers.hub import Hub
 
 log = logging.getLogger("broker.qlite")
 
@@ -92,7 +92,7 @@ def _bcrypt_pool() -> ThreadPoolExecutor:
     workers.auth; its thread set-up is reused.)"""
     global _pool
     if _pool is None:
-        from workers.auth import yield_to_the_loop
+        from shardbroker.workers.auth import yield_to_the_loop
 
         _pool = ThreadPoolExecutor(max_workers=min(2, os.cpu_count() or 1), thread_name_prefix="qlite-bcrypt",
                                    initializer=yield_to_the_loop)

@@ -19,18 +19,18 @@ import logging
 import time
 from typing import TYPE_CHECKING, Callable, Protocol
 
-from router import control, shardmap
-from workers.turn import TURN_BUDGET, Turn
+from shardbroker.router import control, shardmap
+from shardbroker.workers.turn import TURN_BUDGET, Turn
 
-from .model import DLQ_SUFFIX
-from .operations import ADMIN, BY_NAME, OPERATIONS, PUBLISH
-from .shard import Shard
+from shardbroker.workers.workqueues.model import DLQ_SUFFIX
+from shardbroker.workers.workqueues.operations import ADMIN, BY_NAME, OPERATIONS, PUBLISH
+from shardbroker.workers.workqueues.shard import Shard
 
 if TYPE_CHECKING:
-    from cluster.config import Config
-    from router.fabric import Fabric
-    from workers.auth import Authenticator
-    from workers.polls import PendingPolls
+    from shardbroker.cluster.config import Config
+    from shardbroker.router.fabric import Fabric
+    from shardbroker.workers.auth import Authenticator
+    from shardbroker.workers.polls import PendingPolls
 
 log = logging.getLogger("broker.queues")
 

@@ -27,17 +27,18 @@ import logging
 import time
 from typing import Callable, Iterator
 
-from router import guard
-from router.subjects import is_valid_literal
-from workers.message import KIND_JSON
-from workers.tally import Tally
+from shardbroker.router import guard
+from shardbroker.router.subjects import is_valid_literal
+from shardbroker.workers.message import KIND_JSON
+from shardbroker.workers.tally import Tally
 
-from . import history
-from .journal import Journal
-from .operations import OPERATIONS
-from .model import (D_RECEIPT, DLQ_SUFFIX, ENQUEUED, ID, KIND, MAX_PRIORITY, MS, PRIORITY, REDRIVEN, SOURCE, DATA,
-                    Queue, QueueError, Settings, canonical_receipt, is_dlq, pushed_seqs,
-                    record_text)
+from shardbroker.workers.workqueues import history
+from shardbroker.workers.workqueues.journal import Journal
+from shardbroker.workers.workqueues.operations import OPERATIONS
+from shardbroker.workers.workqueues.model import (
+    D_RECEIPT, DLQ_SUFFIX, ENQUEUED, ID, KIND, MAX_PRIORITY, MS, PRIORITY, REDRIVEN, SOURCE, DATA, Queue, QueueError,
+    Settings, canonical_receipt, is_dlq, pushed_seqs, record_text,
+)
 
 log = logging.getLogger("broker.queues")
 
