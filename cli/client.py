@@ -34,7 +34,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Iterator, NamedTuple
 
-import orjson
+from shardbroker.cli.wire import ndjson
+from shardbroker.cli.wire.ndjson import Delivery
 
 
 @dataclass(frozen=True)
@@ -55,12 +56,6 @@ class BrokerError(Exception):
         super().__init__(reason)
         self.reason = reason
         self.reply = reply or {}
-
-
-class Delivery(NamedTuple):
-    topic: str
-    data: Any
-    extra: dict          # any other fields of the delivery (reply, headers, encoding)
 
 
 class QueueMessage(NamedTuple):
@@ -91,40 +86,11 @@ def _given(**fields: Any) -> dict:
     return {k: v for k, v in fields.items() if v is not None}
 
 
-def encode(op: str, **fields: Any) -> bytes:
-    return orjson.dumps({"op": op, **fields}) + b"\n"
-
-
-class _Core:
-    """Sans-IO: bytes in, replies and deliveries out."""
-
-    def __init__(self) -> None:
-        self._tail = b""
-
-    def feed(self, data: bytes) -> list[dict]:
-        data = self._tail + data
-        end = data.rfind(b"\n")
-        if end < 0:
-            self._tail = data
-            return []
-        self._tail = data[end + 1:]
-        return [orjson.loads(line) for line in data[:end].split(b"\n") if line.strip()]
-
-    @staticmethod
-    def is_reply(obj: dict) -> bool:
-        return "ok" in obj
-
-    @staticmethod
-    def delivery(obj: dict) -> Delivery:
-        extra = {k: v for k, v in obj.items() if k not in ("topic", "data")}
-        return Delivery(obj.get("topic", ""), obj.get("data"), extra)
-
-
 # -- asyncio --------------------------------------------------------------------------------------------------
 
 class _Protocol(asyncio.Protocol):
     def __init__(self) -> None:
-        self.core = _Core()
+        self.decoder = ndjson.Decoder()
         self.transport: asyncio.Transport | None = None
         self.pending: collections.deque[asyncio.Future | None] = collections.deque()
         self.deliveries: asyncio.Queue[Delivery | None] = asyncio.Queue()
@@ -135,9 +101,9 @@ class _Protocol(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
-        for obj in self.core.feed(data):
-            if not self.core.is_reply(obj):
-                self.deliveries.put_nowait(self.core.delivery(obj))
+        for obj in self.decoder.feed(data):
+            if not ndjson.is_reply(obj):
+                self.deliveries.put_nowait(ndjson.delivery(obj))
                 continue
             fut = self.pending.popleft() if self.pending else None
             if fut is None:
@@ -196,7 +162,7 @@ class AsyncClient:
             raise ConnectionError("connection is closed")
         fut = asyncio.get_running_loop().create_future()
         self._p.pending.append(fut)
-        self._p.transport.write(encode(op, **fields))
+        self._p.transport.write(ndjson.request(op, **fields))
         reply = await asyncio.wait_for(fut, timeout)
         if not reply.get("ok"):
             raise BrokerError(reply.get("error", "unknown"), reply)
@@ -222,7 +188,7 @@ class AsyncClient:
         else:
             self._raise_deferred()
             self._p.pending.append(None)
-            self._p.transport.write(encode("pub", topic=topic, data=data))
+            self._p.transport.write(ndjson.request("pub", topic=topic, data=data))
 
     async def ping(self) -> None:
         await self.request("ping")
@@ -338,7 +304,7 @@ class AsyncClient:
 class BlockingClient:
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
-        self._core = _Core()
+        self._decoder = ndjson.Decoder()
         self._replies: collections.deque[dict] = collections.deque()
         self._deliveries: collections.deque[Delivery] = collections.deque()
         self._unwaited = 0
@@ -384,9 +350,9 @@ class BlockingClient:
         if not data:
             self.closed = True
             raise ConnectionError("connection closed by the broker")
-        for obj in self._core.feed(data):
-            if not self._core.is_reply(obj):
-                self._deliveries.append(self._core.delivery(obj))
+        for obj in self._decoder.feed(data):
+            if not ndjson.is_reply(obj):
+                self._deliveries.append(ndjson.delivery(obj))
             elif self._unwaited:
                 self._unwaited -= 1
                 if not obj.get("ok") and self._deferred is None:
@@ -398,7 +364,7 @@ class BlockingClient:
         err, self._deferred = self._deferred, None
         if err is not None:
             raise err
-        self._sock.sendall(encode(op, **fields))
+        self._sock.sendall(ndjson.request(op, **fields))
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._replies:
             self._read(deadline)
@@ -421,7 +387,7 @@ class BlockingClient:
             self.request("pub", topic=topic, data=data)
         else:
             self._unwaited += 1
-            self._sock.sendall(encode("pub", topic=topic, data=data))
+            self._sock.sendall(ndjson.request("pub", topic=topic, data=data))
 
     def ping(self) -> None:
         self.request("ping")

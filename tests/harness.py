@@ -25,6 +25,8 @@ from typing import Callable, TypeVar
 
 import psutil
 
+from shardbroker.cli.wire import nats, ndjson
+
 REPO = Path(__file__).resolve().parent.parent
 READY = re.compile(r"ready: (.*) workers=(\d+) pids=([\d,]+)")
 T = TypeVar("T")   # a connection of any kind (landed)
@@ -219,7 +221,7 @@ class Raw:
     def line(self, timeout: float | None = None) -> bytes:
         """The next line, with its terminator."""
         deadline = time.monotonic() + (timeout or self.timeout)
-        while b"\n" not in self.buf:
+        while (got := ndjson.first_line(self.buf)) is None:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"no complete line; have {self.buf[:200]!r}")
@@ -228,8 +230,8 @@ class Raw:
             if not data:
                 raise ConnectionError(f"closed; have {self.buf[:200]!r}")
             self.buf += data
-        line, _, self.buf = self.buf.partition(b"\n")
-        return line + b"\n"
+        line, self.buf = got
+        return line
 
     def json(self, timeout: float | None = None) -> dict:
         return json.loads(self.line(timeout))
@@ -285,27 +287,29 @@ class NatsFrames:
         self.raw: list[bytes] = []   # each frame taken, whole
 
     def take(self, count: int) -> list[tuple[str, bytes, bytes]]:
-        out = []
+        out: list[tuple[str, bytes, bytes]] = []
         while len(out) < count:
-            end = self.buf.find(b"\r\n")
-            head = self.buf[:end].split() if end >= 0 else None
-            if head is not None and head[:1] not in ([b"MSG"], [b"HMSG"]):   # PING, +OK, ...
-                if head == [b"PING"]:   # the server's (its first comes 2 s after CONNECT)
-                    self.sock.sendall(b"PONG\r\n")
-                self.buf = self.buf[end + 2:]
-                continue
-            size = int(head[-1]) if head is not None else 0
-            if head is None or len(self.buf) < end + 2 + size + 2:
+            items, _ = nats.parse(self.buf, controls=True)
+            if not items:
                 chunk = self.sock.recv(1 << 20)
                 if not chunk:
                     raise ConnectionError(f"closed; have {self.buf[:200]!r}")
                 self.buf += chunk
                 continue
-            body = self.buf[end + 2:end + 2 + size]
-            hsize = int(head[-2]) if head[0] == b"HMSG" else 0
-            out.append((head[1].rsplit(b".", 1)[1].decode(), body[:hsize], body[hsize:]))
-            self.raw.append(self.buf[:end + 2 + size + 2])
-            self.buf = self.buf[end + 2 + size + 2:]
+            pos = 0
+            for item in items:   # up to the count: the rest stays in the buffer for the next take
+                if len(out) == count:
+                    break
+                size = nats.frame_size(self.buf, pos, item)
+                if type(item) is bytes:   # PING, +OK, ...
+                    if item == b"PING":   # the server's (its first comes 2 s after CONNECT)
+                        self.sock.sendall(nats.PONG)
+                else:
+                    subject, _, headers, payload = item
+                    out.append((subject.rsplit(b".", 1)[1].decode(), headers, payload))
+                    self.raw.append(self.buf[pos:pos + size])
+                pos += size
+            self.buf = self.buf[pos:]
         return out
 
     def by_token(self, count: int) -> dict[str, tuple[bytes, bytes]]:
@@ -348,9 +352,9 @@ def nats_ready(port: int, commands: bytes, timeout: float | None = 30) -> socket
     read the PONG of a PING after them: what they asked for (its subscriptions above all) is in place."""
     s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    s.sendall(b'CONNECT {"verbose":false,"headers":true}\r\n' + commands + b"PING\r\n")
+    s.sendall(nats.connect({"verbose": False, "headers": True}) + commands + nats.PING)
     seen = b""
-    while b"PONG\r\n" not in seen:
+    while nats.PONG not in seen:
         seen += s.recv(1 << 16)
     return s
 
@@ -358,7 +362,7 @@ def nats_ready(port: int, commands: bytes, timeout: float | None = 30) -> socket
 def nats_on_worker(broker: "Broker", worker: int, inbox: str) -> socket.socket:
     """A raw NATS connection subscribed to ``<inbox>.*`` (sid 1) that landed on ``worker`` (/connz by its port)."""
     def connect() -> socket.socket:
-        return nats_ready(broker.ports["nats"], b"SUB %s.* 1\r\n" % inbox.encode())
+        return nats_ready(broker.ports["nats"], nats.sub(f"{inbox}.*", 1))
 
     def worker_of(s: socket.socket) -> int | None:
         port = s.getsockname()[1]

@@ -28,6 +28,7 @@ import zlib
 
 import orjson
 
+from shardbroker.cli.wire import nats, ndjson, resp
 from shardbroker.cli.bench.wire import QUEUE_WIRES, QueueJetStream, QueueProtocolError, nats_frames, payload
 
 _QUIET = 0.75          # seconds without messages, after the producers stop, that end a consumer's run
@@ -91,7 +92,7 @@ class QueueLoad:
                     if view.hello():
                         sock.sendall(view.hello())
                     return sock, None
-                sock.sendall(b'{"op":"info"}\n')
+                sock.sendall(ndjson.request("info"))
                 worker = orjson.loads(_read_line(sock))["info"]["worker"]
                 if owner is None or (worker == owner) == (where == "owner"):
                     return sock, worker
@@ -311,7 +312,7 @@ class Control:
         self.sock.close()
 
     def _ndjson(self, req: dict) -> dict:
-        self.sock.sendall(orjson.dumps(req) + b"\n")
+        self.sock.sendall(ndjson.encode(req))
         line, self.buf = _read_line(self.sock, self.buf, keep=True)
         reply = orjson.loads(line)
         if not reply.get("ok"):
@@ -320,16 +321,16 @@ class Control:
 
     def _redis(self, *parts: bytes):
         """One command; -> its reply, decoded (bulk strings as bytes, arrays as lists)."""
-        self.sock.sendall(b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts))
+        self.sock.sendall(resp.command(*parts))
         reply = self._resp()
-        if isinstance(reply, RuntimeError):
+        if isinstance(reply, resp.Error):
             raise RuntimeError(f"redis {parts[0].decode()}: {reply}")
         return reply
 
     def _jetstream(self, subject: bytes, request: dict | None = None) -> dict:
         """One JetStream API request; -> its reply, which must not be an error."""
         body = orjson.dumps(request) if request is not None else b""
-        self.sock.sendall(b"PUB %s %s.c %d\r\n%s\r\n" % (subject, self.view.inbox, len(body), body))
+        self.sock.sendall(nats.pub(subject, body, self.view.inbox + b".c"))
         while True:
             frames, used = nats_frames(self.buf)
             self.buf = self.buf[used:]
@@ -348,25 +349,15 @@ class Control:
             self.buf += chunk
 
     def _resp(self):
-        while b"\r\n" not in self.buf:
-            self._fill(len(self.buf) + 1)
-        line, _, self.buf = self.buf.partition(b"\r\n")
-        kind, rest = line[:1], line[1:]
-        if kind in (b"+", b"-"):
-            return rest if kind == b"+" else RuntimeError(rest.decode(errors="replace"))
-        if kind == b":":
-            return int(rest)
-        if kind == b"$":
-            n = int(rest)
-            if n < 0:
-                return None
-            self._fill(n + 2)
-            value, self.buf = self.buf[:n], self.buf[n + 2:]
-            return value
-        if kind == b"*":
-            n = int(rest)
-            return None if n < 0 else [self._resp() for _ in range(n)]
-        raise RuntimeError(f"unexpected reply from redis: {line[:200]!r}")
+        """One reply, decoded (``cli.wire.resp``: an error reply as a ``resp.Error``)."""
+        try:
+            while (got := resp.parse(self.buf)) is None:
+                self._fill(len(self.buf) + 1)
+        except resp.ProtocolError as exc:
+            raise RuntimeError(f"unexpected reply from redis: {exc.line[:200]!r}") from None
+        reply, end = got
+        self.buf = self.buf[end:]
+        return reply
 
     def workers(self) -> int:
         return self._ndjson({"op": "info"})["info"]["workers"] if self.wire == "ndjson" else 1

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import orjson
 
+from shardbroker.cli.wire import nats, ndjson, resp
+
 STAMP = re.compile(rb"T(\d{19})")
 
 
@@ -46,16 +48,16 @@ class Wire:
 
 class Ndjson(Wire):
     def __init__(self) -> None:
-        super().__init__("ndjson", b'{"topic"', b'{"ok"', b"")
+        super().__init__("ndjson", ndjson.DELIVERY, ndjson.REPLY, b"")
 
     def subscribe(self, subject: str, sid: int) -> bytes:
-        return orjson.dumps({"op": "sub", "topic": subject}) + b"\n"
+        return ndjson.request("sub", topic=subject)
 
     def confirm(self) -> tuple[bytes, bytes]:
-        return b'{"op":"ping","id":"ready"}\n', b'"id":"ready"'
+        return ndjson.request("ping", id="ready"), b'"id":"ready"'
 
     def publish(self, subject: str, data: bytes) -> bytes:
-        return orjson.dumps({"op": "pub", "topic": subject, "data": data.decode()}) + b"\n"
+        return ndjson.request("pub", topic=subject, data=data.decode())
 
 
 class Nats(Wire):
@@ -63,16 +65,16 @@ class Nats(Wire):
         super().__init__("nats", b"MSG ", b"", b"INFO ")
 
     def hello(self) -> bytes:
-        return b'CONNECT {"verbose":false,"pedantic":false,"echo":false}\r\n'
+        return nats.connect({"verbose": False, "pedantic": False, "echo": False})
 
     def subscribe(self, subject: str, sid: int) -> bytes:
-        return b"SUB %s %d\r\n" % (subject.encode(), sid)
+        return nats.sub(subject, sid)
 
     def confirm(self) -> tuple[bytes, bytes]:
-        return b"PING\r\n", b"PONG\r\n"
+        return nats.PING, nats.PONG
 
     def publish(self, subject: str, data: bytes) -> bytes:
-        return b"PUB %s %d\r\n%s\r\n" % (subject.encode(), len(data), data)
+        return nats.pub(subject, data)
 
 
 class Resp(Wire):
@@ -81,19 +83,15 @@ class Resp(Wire):
     def __init__(self) -> None:
         super().__init__("redis", b"$7\r\nmessage\r\n", b":", b"")
 
-    @staticmethod
-    def _command(*parts: bytes) -> bytes:
-        return b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
-
     def subscribe(self, subject: str, sid: int) -> bytes:
-        return self._command(b"SUBSCRIBE", subject.encode())
+        return resp.command(b"SUBSCRIBE", subject.encode())
 
     def confirm(self) -> tuple[bytes, bytes]:
         # A subscribed connection may only PING; RESP2 answers with a ["pong", ""] array.
-        return self._command(b"PING"), b"$4\r\npong\r\n"
+        return resp.command(b"PING"), b"$4\r\npong\r\n"
 
     def publish(self, subject: str, data: bytes) -> bytes:
-        return self._command(b"PUBLISH", subject.encode(), data)
+        return resp.command(b"PUBLISH", subject.encode(), data)
 
 
 WIRES = {"ndjson": Ndjson(), "nats": Nats(), "redis": Resp()}
@@ -214,16 +212,17 @@ class QueueNdjson(QueueWire):
     name = "ndjson"
 
     def push(self, queue: str, data: bytes) -> bytes:
-        return orjson.dumps({"op": "qpush", "queue": queue, "data": data.decode()}) + b"\n"
+        return ndjson.request("qpush", queue=queue, data=data.decode())
 
     def push_many(self, queue: str, data: bytes, n: int) -> tuple[bytes, int]:
         """One ``qpush`` of ``n`` messages (``messages``), answered with their ids in one reply."""
-        return orjson.dumps({"op": "qpush", "queue": queue, "messages": [{"data": data.decode()}] * n}) + b"\n", 1
+        return ndjson.request("qpush", queue=queue, messages=[{"data": data.decode()}] * n), 1
 
     def recv(self, queue: str, consumer: str, count: int, wait_ms: int) -> bytes:
-        return orjson.dumps({"op": "qrecv", "queue": queue, "max": count, "wait_ms": wait_ms}) + b"\n"
+        return ndjson.request("qrecv", queue=queue, max=count, wait_ms=wait_ms)
 
     def ack(self, queue: str, handles: list[bytes]) -> bytes:
+        # spliced, not encoded: the handles are the receipts' bytes as the replies had them (hot: one per receive)
         return b'{"op":"qack","queue":%s,"receipts":["%s"]}\n' % (orjson.dumps(queue), b'","'.join(handles))
 
     def push_replies(self, buf: bytes, batch: int = 1) -> tuple[list[bytes], int, bytes, bytes]:
@@ -277,19 +276,15 @@ class QueueRedisStreams(QueueWire):
     name = "redis"
     group = b"bench"
 
-    @staticmethod
-    def _command(*parts: bytes) -> bytes:
-        return b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
-
     def push(self, queue: str, data: bytes) -> bytes:
-        return self._command(b"XADD", queue.encode(), b"*", b"d", data)
+        return resp.command(b"XADD", queue.encode(), b"*", b"d", data)
 
     def recv(self, queue: str, consumer: str, count: int, wait_ms: int) -> bytes:
-        return self._command(b"XREADGROUP", b"GROUP", self.group, consumer.encode(), b"COUNT", b"%d" % count,
-                             b"BLOCK", b"%d" % wait_ms, b"STREAMS", queue.encode(), b">")
+        return resp.command(b"XREADGROUP", b"GROUP", self.group, consumer.encode(), b"COUNT", b"%d" % count,
+                            b"BLOCK", b"%d" % wait_ms, b"STREAMS", queue.encode(), b">")
 
     def ack(self, queue: str, handles: list[bytes]) -> bytes:
-        return self._command(b"XACK", queue.encode(), self.group, *handles)
+        return resp.command(b"XACK", queue.encode(), self.group, *handles)
 
     def push_replies(self, buf: bytes, batch: int = 1) -> tuple[list[bytes], int, bytes, bytes]:
         ids, refused, first, end = [], 0, b"", 0
@@ -359,30 +354,11 @@ def _fail(buf: bytes, at: int):
 
 def nats_frames(buf: bytes) -> tuple[list[tuple[bytes, bytes, bytes, bytes]], int]:
     """The complete NATS server frames at the start of ``buf``: ``(subject, reply, headers, payload)`` for each MSG
-    and HMSG (reply and headers b"" when absent); INFO, PING, PONG and +OK are passed over, -ERR raises.  -> (frames,
-    bytes used)."""
-    frames, pos, n = [], 0, len(buf)
-    while pos < n:
-        eol = buf.find(b"\r\n", pos)
-        if eol < 0:
-            break
-        head = buf[pos:eol]
-        if head[:4] == b"MSG " or head[:5] == b"HMSG ":
-            parts = head.split()
-            headed = parts[0] == b"HMSG"
-            total = int(parts[-1])
-            hlen = int(parts[-2]) if headed else 0
-            end = eol + 2 + total + 2
-            if end > n:
-                break
-            reply = parts[3] if len(parts) == (6 if headed else 5) else b""
-            frames.append((parts[1], reply, buf[eol + 2:eol + 2 + hlen], buf[eol + 2 + hlen:eol + 2 + total]))
-            pos = end
-        elif head[:4] == b"-ERR":
-            raise QueueProtocolError(f"nats-server: {head.decode(errors='replace')}")
-        else:
-            pos = eol + 2
-    return frames, pos
+    and HMSG (``cli.wire.nats.parse``); -ERR raises QueueProtocolError.  -> (frames, bytes used)."""
+    try:
+        return nats.parse(buf)
+    except nats.ServerError as exc:
+        raise QueueProtocolError(f"nats-server: {exc}") from None
 
 
 _JS_SEQ = re.compile(rb'"seq":\s*(\d+)')
@@ -409,11 +385,11 @@ class QueueJetStream(QueueWire):
         return queue.replace(".", "_").encode()   # a stream's name may not contain dots
 
     def hello(self) -> bytes:
-        return (b'CONNECT {"verbose":false,"pedantic":false,"headers":true,"no_responders":true}\r\n'
-                b"SUB %s.> 1\r\n" % self.inbox)
+        return (nats.connect({"verbose": False, "pedantic": False, "headers": True, "no_responders": True})
+                + nats.sub(self.inbox + b".>", 1))
 
     def push(self, queue: str, data: bytes) -> bytes:
-        return b"PUB %s %s.p %d\r\n%s\r\n" % (queue.encode(), self.inbox, len(data), data)
+        return nats.pub(queue, data, self.inbox + b".p")
 
     def push_replies(self, buf: bytes, batch: int = 1) -> tuple[list[bytes], int, bytes, bytes]:
         frames, used = nats_frames(buf)
@@ -444,8 +420,8 @@ class JetStreamConsumer:
         subject = b"$JS.API.CONSUMER.MSG.NEXT.%s.%s" % (stream, durable)
         take = orjson.dumps({"batch": count, "no_wait": True})
         wait = orjson.dumps({"batch": 1, "expires": wait_ms * 1_000_000})
-        self._take = b"PUB %s %s.r %d\r\n%s\r\n" % (subject, inbox, len(take), take)
-        self._wait = b"PUB %s %s.r %d\r\n%s\r\n" % (subject, inbox, len(wait), wait)
+        self._take = nats.pub(subject, take, inbox + b".r")
+        self._wait = nats.pub(subject, wait, inbox + b".r")
         self.count = count
         self.want = 0           # what the pull in progress may still deliver
         self.idle = False       # the last pull found nothing
@@ -460,7 +436,7 @@ class JetStreamConsumer:
 
     def ack(self, handles: list[bytes]) -> bytes:
         self.acks.append(len(handles))
-        return b"".join([b"PUB %s 0\r\n\r\n" % h for h in handles])
+        return nats.empty_pubs(handles)
 
     def replies(self, buf: bytes) -> tuple[list[tuple], bytes]:
         frames, used = nats_frames(buf)

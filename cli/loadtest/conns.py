@@ -1,10 +1,10 @@
 """The load test's connections, one class per protocol: publish a batch of framed messages in one write, subscribe
 and confirm, and hand every delivery and acknowledgement to a sink.
 
-These speak the wire protocols directly (NDJSON, NATS, RESP) rather than through client libraries, because the
-generator must stamp the write time of each batch and read deliveries without building an object per message; the
-same classes drive this broker, nats-server and Redis.  Reads are timestamped once per ``data_received``: every
-message in one read arrived at the same moment as far as the process can tell.
+These speak the wire protocols directly (NDJSON, NATS, RESP: ``cli.wire``'s codecs) rather than through client
+libraries, because the generator must stamp the write time of each batch and read deliveries without decoding their
+payloads; the same classes drive this broker, nats-server and Redis.  Reads are timestamped once per
+``data_received``: every message in one read arrived at the same moment as far as the process can tell.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections import deque
 
 import orjson
 
+from shardbroker.cli.wire import nats, ndjson, resp
 from shardbroker.cli.loadtest import frame
 
 _now = time.monotonic_ns
@@ -125,40 +126,31 @@ class Conn(asyncio.Protocol):
         raise NotImplementedError
 
 
-def _lines(buf: bytes) -> tuple[list[bytes], bytes]:
-    """Whole lines, and what is left of a line still arriving."""
-    parts = buf.split(b"\n")
-    return parts[:-1], parts[-1]
-
-
 class NdjsonConn(Conn):
     """Jolt's NDJSON: every request gets a reply in order, so a publish's ``ok`` is its acknowledgement."""
 
     PUBLISH = b'{"op":"pub","topic":"'
 
     def parse(self, buf: bytes, t_recv: int) -> bytes:
-        lines, rest = _lines(buf)
+        lines, rest = ndjson.lines(buf)
+        delivery, ok = ndjson.DELIVERY, ndjson.OK
         for line in lines:
-            if line.startswith(b'{"topic"'):
+            if line.startswith(delivery):
                 at = line.find(b'"data":"')
                 if at >= 0:
                     self.sink.deliver(self, *frame.parse_text(line[at + 8:at + 64]), t_recv)
                 continue
             if not self.pending:
                 continue
-            if line.startswith(b'{"ok":true'):
+            if line.startswith(ok):
                 self._reply(True, line, t_recv)
             else:
-                try:
-                    detail = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    detail = line.decode(errors="replace")
-                self._reply(False, detail.get("error", detail) if isinstance(detail, dict) else detail, t_recv)
+                self._reply(False, ndjson.error_of(line), t_recv)
         return rest
 
     async def handshake(self, user, password, timeout) -> None:
         if user:
-            await self.request(orjson.dumps({"op": "auth", "user": user, "pass": password or ""}) + b"\n", timeout)
+            await self.request(ndjson.request("auth", user=user, **{"pass": password or ""}), timeout)
 
     def publish(self, subject: bytes, items, size: int) -> None:
         t_w = _now()
@@ -170,8 +162,8 @@ class NdjsonConn(Conn):
         self.write(b"".join(out))
 
     async def subscribe(self, subject: str, group: str, timeout: float) -> None:
-        await self.request(orjson.dumps({"op": "sub", "topic": subject}) + b"\n", timeout)
-        await self.request(b'{"op":"ping"}\n', timeout)
+        await self.request(ndjson.request("sub", topic=subject), timeout)
+        await self.request(ndjson.request("ping"), timeout)
 
 
 class NatsConn(Conn):
@@ -182,25 +174,13 @@ class NatsConn(Conn):
         self._info = asyncio.get_running_loop().create_future()
 
     def parse(self, buf: bytes, t_recv: int) -> bytes:
-        start = 0
-        n = len(buf)
-        while start < n:
-            end = buf.find(b"\r\n", start)
-            if end < 0:
-                break
-            if buf.startswith(b"MSG ", start):
-                # MSG <subject> <sid> [reply-to] <#bytes>
-                size = int(buf[buf.rfind(b" ", start, end) + 1:end])
-                body = end + 2
-                if body + size + 2 > n:
-                    break
-                self.sink.deliver(self, *frame.parse_binary(buf[body:body + frame.BIN_SIZE]), t_recv)
-                start = body + size + 2
+        items, used = nats.parse(buf, controls=True, peek=frame.BIN_SIZE)
+        for line in items:              # in order: control lines (bytes) and MSGs (subject, reply, headers, payload)
+            if type(line) is tuple:
+                self.sink.deliver(self, *frame.parse_binary(line[3]), t_recv)
                 continue
-            line = buf[start:end]
-            start = end + 2
             if line == b"PING":
-                self.write(b"PONG\r\n")
+                self.write(nats.PONG)
             elif line == b"+OK":
                 # Verbose mode: CONNECT's +OK (a None placeholder), then one per PUB; PINGs get PONGs instead.
                 if self.pending and self.pending[0] is None:
@@ -216,7 +196,7 @@ class NatsConn(Conn):
                             p.set_result((True, None))
                         break
             elif line.startswith(b"-ERR"):
-                text = line[5:].decode(errors="replace").strip(" '")
+                text = nats.error_text(line)
                 if not self._info.done():
                     self._info.set_exception(ProtocolError(text))
                 elif self.pending and not isinstance(self.pending[0], asyncio.Future):
@@ -225,8 +205,8 @@ class NatsConn(Conn):
                     self.sink.lost_connection(self, f"server error: {text}")
             elif line.startswith(b"INFO "):
                 if not self._info.done():
-                    self._info.set_result(orjson.loads(line[5:]))
-        return buf[start:]
+                    self._info.set_result(nats.info(line))
+        return buf[used:]
 
     async def handshake(self, user, password, timeout) -> None:
         await asyncio.wait_for(self._info, timeout)
@@ -236,18 +216,18 @@ class NatsConn(Conn):
             connect.update(user=user, **{"pass": password or ""})
         if self.verbose_acks:
             self.pending.append(None)   # the +OK of CONNECT
-        self.write(b"CONNECT " + orjson.dumps(connect) + b"\r\n")
+        self.write(nats.connect(connect))
         await self.ping(timeout)
 
     async def ping(self, timeout: float) -> None:
         fut = asyncio.get_running_loop().create_future()
         self.pending.append(fut)
-        self.write(b"PING\r\n")
+        self.write(nats.PING)
         await asyncio.wait_for(fut, timeout)
 
     def publish(self, subject: bytes, items, size: int) -> None:
         t_w = _now()
-        head = b"PUB " + subject + b" %d\r\n" % size
+        head = nats.pub_head(subject, size)
         out = []
         for pub_id, seq, t_int in items:
             out.append(head + frame.binary(pub_id, seq, t_int, t_w, size) + b"\r\n")
@@ -256,68 +236,41 @@ class NatsConn(Conn):
         self.write(b"".join(out))
 
     async def subscribe(self, subject: str, group: str, timeout: float) -> None:
-        self.write(f"SUB {subject} {group + ' ' if group else ''}{self.index + 1}\r\n".encode())
+        self.write(nats.sub(subject, self.index + 1, group))
         await self.ping(timeout)
-
-
-def _resp(*args: bytes) -> bytes:
-    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
 
 
 class RedisConn(Conn):
     """Redis pub/sub over RESP2.  PUBLISH answers with the number of receivers: that reply is the acknowledgement."""
 
     def parse(self, buf: bytes, t_recv: int) -> bytes:
-        start = 0
-        n = len(buf)
-        while start < n:
-            kind = buf[start:start + 1]
-            end = buf.find(b"\r\n", start)
-            if end < 0:
-                break
-            if kind == b"*":
-                items, at = [], end + 2
-                count = int(buf[start + 1:end])
-                for _ in range(count):
-                    e = buf.find(b"\r\n", at)
-                    if e < 0:
-                        return buf[start:]
-                    if buf[at:at + 1] == b":":
-                        items.append(int(buf[at + 1:e]))
-                        at = e + 2
-                        continue
-                    size = int(buf[at + 1:e])
-                    if e + 2 + size + 2 > n:
-                        return buf[start:]
-                    items.append(buf[e + 2:e + 2 + size])
-                    at = e + 2 + size + 2
-                start = at
-                if items and items[0] == b"message":
-                    self.sink.deliver(self, *frame.parse_binary(items[2][:frame.BIN_SIZE]), t_recv)
-                elif items and items[0] == b"subscribe" and self.pending:
+        replies, used = resp.replies(buf)
+        for reply in replies:
+            if type(reply) is list:
+                if reply and reply[0] == b"message":
+                    self.sink.deliver(self, *frame.parse_binary(reply[2]), t_recv)
+                elif reply and reply[0] == b"subscribe" and self.pending:
                     self._reply(True, None, t_recv)
-                continue
-            line = buf[start + 1:end]
-            start = end + 2
-            if self.pending:
-                self._reply(kind != b"-", line.decode(errors="replace"), t_recv)
-        return buf[start:]
+            elif self.pending:   # an integer (PUBLISH's receivers), a status (+OK) or an error
+                text = reply.decode(errors="replace") if type(reply) is bytes else str(reply)
+                self._reply(type(reply) is not resp.Error, text, t_recv)
+        return buf[used:]
 
     async def handshake(self, user, password, timeout) -> None:
         if user or password:
             args = [b"AUTH"] + ([user.encode()] if user else []) + [(password or "").encode()]
-            await self.request(_resp(*args), timeout)
+            await self.request(resp.command(*args), timeout)
 
     def publish(self, subject: bytes, items, size: int) -> None:
         t_w = _now()
         out = []
         for pub_id, seq, t_int in items:
-            out.append(_resp(b"PUBLISH", subject, frame.binary(pub_id, seq, t_int, t_w, size)))
+            out.append(resp.command(b"PUBLISH", subject, frame.binary(pub_id, seq, t_int, t_w, size)))
             self.pending.append((t_int, t_w, pub_id, seq))
         self.write(b"".join(out))
 
     async def subscribe(self, subject: str, group: str, timeout: float) -> None:
-        await self.request(_resp(b"SUBSCRIBE", subject.encode()), timeout)
+        await self.request(resp.command(b"SUBSCRIBE", subject.encode()), timeout)
 
 
 class QueueConn(NdjsonConn):
@@ -326,11 +279,12 @@ class QueueConn(NdjsonConn):
     PUBLISH = b'{"op":"qpush","queue":"'
 
     def parse(self, buf: bytes, t_recv: int) -> bytes:
-        lines, rest = _lines(buf)
+        lines, rest = ndjson.lines(buf)
+        ok = ndjson.OK
         for line in lines:
             if not self.pending:
                 continue
-            if line.startswith(b'{"ok":true') and not isinstance(self.pending[0], asyncio.Future):
+            if line.startswith(ok) and not isinstance(self.pending[0], asyncio.Future):
                 self._reply(True, None, t_recv)       # a push's id: not needed, the frame says which message
                 continue
             try:
@@ -350,7 +304,7 @@ class QueueConn(NdjsonConn):
         """One request; its decoded reply (ok or not) and when it arrived."""
         fut = asyncio.get_running_loop().create_future()
         self.pending.append(fut)
-        self.write(orjson.dumps(obj) + b"\n")
+        self.write(ndjson.encode(obj))
         _, detail = await asyncio.wait_for(fut, timeout)
         return detail
 
