@@ -69,7 +69,7 @@ def start(config_path: str | None, workers: str | None, bind: str | None, port: 
           no_monitoring: bool, grace: float | None, log_level: str | None, event_loop: str | None) -> None:
     """Start the supervisor and its workers; Ctrl-C or SIGTERM stops them cleanly."""
     from shardbroker.cluster.config import ConfigError, load
-    from shardbroker.cluster.supervisor import Supervisor
+    from shardbroker.cluster.supervisor.core import Supervisor
 
     overrides = {
         "workers.count": _count(workers),
@@ -93,7 +93,7 @@ def start(config_path: str | None, workers: str | None, bind: str | None, port: 
         click.echo(f"brokerctl: configuration error: {exc}", err=True)
         import errno
 
-        from shardbroker.cluster.systemd import Notifier
+        from shardbroker.cluster.supervisor.systemd import Notifier
 
         Notifier(os.environ.get("NOTIFY_SOCKET")).send(STATUS=f"configuration error: {exc}", ERRNO=errno.EINVAL)
         sys.exit(2)
@@ -102,7 +102,7 @@ def start(config_path: str | None, workers: str | None, bind: str | None, port: 
     sys.exit(Supervisor(config, early_stops=STOPS).run())
 
 
-# -- the running broker's supervisor, through its command socket (cluster/command_socket.py) --------------------
+# -- the running broker's supervisor, through its command socket (cluster/supervisor/command_socket.py) --------------------
 
 def _supervisor_options(fn):
     fn = click.option("--timeout", type=click.FloatRange(0.1, 3600), default=60.0, show_default=True,
@@ -118,7 +118,8 @@ def _supervisor_options(fn):
 
 def _ask_supervisor(request: dict, pid: int | None, runtime_dir: str | None, config_path: str | None,
                     timeout: float) -> dict:
-    from shardbroker.cluster import command_socket, runtime
+    from shardbroker.cluster.supervisor import command_socket
+    from shardbroker.cluster import runtime
 
     parent = runtime_dir
     if parent is None and config_path is not None:
@@ -149,7 +150,7 @@ def reload(pid: int | None, runtime_dir: str | None, config_path: str | None, ti
     changed, or a TLS file no longer loads, nothing is applied, the keys are named, and the exit code is 1.  The
     answer comes once the reload is over (a unit's ExecReload=).
     """
-    from shardbroker.cluster.reload import Outcome
+    from shardbroker.cluster.supervisor.reload import Outcome
 
     answer = _ask_supervisor({"cmd": "reload"}, pid, runtime_dir, config_path, timeout)
     outcome = Outcome(**{k: answer[k] for k in ("ok", "error", "changed", "restart", "digest", "loaded", "tls")
@@ -248,7 +249,7 @@ def hash_password(iterations: int) -> None:
 
     The password is prompted for (twice) on a terminal, or read from the first line of standard input.
     """
-    from shardbroker.cluster.passwords import hash_password as make_hash
+    from shardbroker.cluster.config.passwords import hash_password as make_hash
 
     from shardbroker.cli import secrets
 

@@ -1,4 +1,6 @@
-"""Supervisor, acceptor, configuration and the other cluster-wide pieces."""
+"""What runs beside the workers and what they share with it: the supervisor (``supervisor``), the configuration
+and the protocol registry (``config``), security (``security``), monitoring (``monitoring``), and the control
+channel, runtime directory and logging both sides use (``control``, ``runtime``, ``logs``)."""
 
 
 def __getattr__(name: str) -> str:

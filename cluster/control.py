@@ -5,7 +5,7 @@ per message), membership and stop orders, heartbeats, and stats.  It is reliable
 PUB/SUB fabric, which is why control traffic never goes over the fabric.  When the supervisor dies its worker reads
 EOF: that is how a worker notices that its supervisor is gone, even after a SIGKILL.  (The supervisor learns of a
 worker's death from its pidfd instead: it holds a copy of the worker's end, to read back what the worker never
-read: ``decode_all``, cluster.launch.)
+read: ``decode_all``, cluster.supervisor.launch.)
 
 Messages are orjson objects.  A datagram is one flag byte (``1``: more chunks follow) and up to ``CHUNK`` bytes, so
 a large reply (a connection listing) crosses in several datagrams without raising the socket buffers.
@@ -56,7 +56,7 @@ class Reassembler:
 
 
 def decode_all(datagrams: list[tuple[bytes, list[int]]]) -> list[tuple[dict, list[int]]]:
-    """Datagrams read back from a dead worker's queue (cluster.launch) -> its messages with their descriptors.
+    """Datagrams read back from a dead worker's queue (cluster.supervisor.launch) -> its messages with their descriptors.
     A message whose first datagram the worker had read, or that does not parse, is dropped (its descriptors
     closed)."""
     out = []

@@ -25,9 +25,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from shardbroker.cluster.config import load  # noqa: E402
 from shardbroker.workers.auth import Authenticator  # noqa: E402
 from shardbroker.workers.hub import Hub  # noqa: E402
-from shardbroker.workers.nats import NatsSession  # noqa: E402
+from shardbroker.workers.protocols.nats.session import NatsSession  # noqa: E402
 from shardbroker.workers import speedups  # noqa: E402
-from shardbroker.workers.ndjson import NdjsonSession  # noqa: E402
+from shardbroker.workers.protocols.ndjson.session import NdjsonSession  # noqa: E402
 
 
 class NullTransport:

@@ -30,7 +30,7 @@ from shardbroker.cli.bench import servers  # noqa: E402
 from shardbroker.cli.bench.qload import QueueLoad, owner  # noqa: E402
 from shardbroker.cli.bench.scenarios import QUEUE_BOUNDS  # noqa: E402
 from shardbroker.cli.client import AsyncClient  # noqa: E402
-from shardbroker.cluster.launch import MARKER  # noqa: E402
+from shardbroker.cluster.supervisor.launch import MARKER  # noqa: E402
 
 QUEUE = "drain.q"
 

@@ -45,7 +45,7 @@ from shardbroker.cluster.config import load  # noqa: E402
 from shardbroker.workers import workqueues  # noqa: E402
 from shardbroker.workers.auth import Authenticator  # noqa: E402
 from shardbroker.workers.hub import Hub  # noqa: E402
-from shardbroker.workers.ndjson import NdjsonSession  # noqa: E402
+from shardbroker.workers.protocols.ndjson.session import NdjsonSession  # noqa: E402
 from hotpath import NullTransport  # noqa: E402  (scripts/hotpath.py, beside this file)
 
 
@@ -125,7 +125,7 @@ class Clock:
 
 
 async def run(opts, tmp: str) -> None:
-    # the consumer stays a worker away, not moved to the owner (workers/moves.py), unless --local puts it there
+    # the consumer stays a worker away, not moved to the owner (workers/protocols/ndjson/moves.py), unless --local puts it there
     raw = {"queues": {"journal": not opts.no_journal, "move_connections": False}}
     cfg_path = os.path.join(tmp, "config.json")
     with open(cfg_path, "w") as fh:
@@ -255,7 +255,7 @@ def main() -> None:
                         "(no longer the canonical form: each line on its own)")
     parser.add_argument("--no-journal", action="store_true")
     parser.add_argument("--local", action="store_true", help="the consumer's connection on the owner, as the bench "
-                        "has it once the connection has moved there (workers/moves.py)")
+                        "has it once the connection has moved there (workers/protocols/ndjson/moves.py)")
     parser.add_argument("--gc", choices=["on", "off", "freeze"], default="on")
     parser.add_argument("--gc-threshold", type=int, default=0, help="the collector's first threshold (default: "
                         "what the broker's workers set)")

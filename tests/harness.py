@@ -110,7 +110,7 @@ class Broker:
         return out
 
     def worker_pids(self) -> list[int]:
-        """Live worker processes (their command line says ``broker-worker <index>``: cluster/launch.py)."""
+        """Live worker processes (their command line says ``broker-worker <index>``: cluster/supervisor/launch.py)."""
         out = []
         for p in self.group():
             try:

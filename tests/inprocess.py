@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import orjson
 
-from shardbroker.cluster import users
+from shardbroker.cluster.security import users
 from shardbroker.cluster.config import Config, load
 from shardbroker.router.fabric import Fabric
 from shardbroker.workers.auth import Authenticator

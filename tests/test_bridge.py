@@ -10,7 +10,7 @@ import pytest
 from shardbroker.cli.client import AsyncClient
 from harness import Raw
 from test_security import secure_config
-from shardbroker.workers import bridge_codec
+from shardbroker.workers.protocols.bridge import codec as bridge_codec
 
 
 @pytest.fixture

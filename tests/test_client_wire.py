@@ -1,6 +1,6 @@
 """The client side's codecs (cli/wire: NDJSON, NATS, RESP), sans I/O: what they write, byte for byte; what they read,
 fed whole, split at every position and one byte at a time, with partial frames and errors; and, where the broker
-has the other end (workers/ndjson_codec.py, workers/nats_codec.py), that each end reads what the other writes."""
+has the other end (workers/protocols/ndjson/codec.py, workers/protocols/nats/codec.py), that each end reads what the other writes."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def test_ndjson_requests_are_one_line_with_op_first():
 
 
 def test_ndjson_requests_are_what_the_broker_reads():
-    from shardbroker.workers import ndjson_codec
+    from shardbroker.workers.protocols.ndjson import codec as ndjson_codec
     for line in (ndjson.request("sub", topic="chat.*"), ndjson.request("qpush", queue="q", data=[1, {"a": None}]),
                  ndjson.encode({"op": "ping", "id": "ready"})):
         lines, tail = ndjson_codec.split_lines(b"", line, 1 << 20)
@@ -114,7 +114,7 @@ def test_ndjson_replies_and_deliveries():
 
 
 def test_ndjson_prefixes_are_how_the_broker_starts_replies_and_deliveries():
-    from shardbroker.workers import ndjson_codec
+    from shardbroker.workers.protocols.ndjson import codec as ndjson_codec
     from shardbroker.workers.message import KIND_JSON
     for line in (ndjson_codec.OK, ndjson_codec.reply({"id": 1}), ndjson_codec.reply_with({}, {"info": {}})):
         assert line.startswith(ndjson.OK) and line.startswith(ndjson.REPLY)
@@ -144,7 +144,7 @@ def test_nats_commands_byte_for_byte():
 
 
 def test_nats_commands_are_what_the_broker_reads():
-    from shardbroker.workers import nats_codec
+    from shardbroker.workers.protocols.nats import codec as nats_codec
     parser = nats_codec.Parser(4096, 1 << 20)
     got = parser.feed(nats.connect({"verbose": True}) + nats.sub("a.*", 3, "q") + nats.pub("a.b", b"x\r\ny", "r")
                       + nats.pub_head("a.c", 2) + b"zz\r\n" + nats.empty_pubs([b"ack.1"]) + nats.PING)
@@ -159,7 +159,7 @@ def test_nats_commands_are_what_the_broker_reads():
 
 def _server_stream() -> tuple[bytes, list]:
     """What a NATS server may send, and the items ``parse(..., controls=True)`` reads of it."""
-    from shardbroker.workers import nats_codec
+    from shardbroker.workers.protocols.nats import codec as nats_codec
     items: list = []
     out = [nats_codec.info(b'{"server_id":"x","client_id":7}')]
     items.append(b'INFO {"server_id":"x","client_id":7} ')

@@ -115,11 +115,11 @@ def test_publish_ch_star_stops_the_start_with_exit_2(tmp_path):
 # -- the configuration and users modules ------------------------------------------------------------------------
 
 def test_config_does_not_import_the_user_registry():
-    """cluster.users builds on cluster.config, never the other way round (no import cycle, even a deferred one)."""
+    """cluster.security.users builds on cluster.config, never the other way round (no import cycle, even a deferred one)."""
     code = ("import sys, cluster.config as c; c.load(None, {'security.users': "
             "[{'username': 'u', 'password': 'p', 'permissions': ['admin']}]}); "
-            "assert 'cluster.users' not in sys.modules, 'config imported users'; "
-            "import cluster.users")
+            "assert 'cluster.security.users' not in sys.modules, 'config imported users'; "
+            "import cluster.security.users")
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=30)
     assert res.returncode == 0, res.stderr
 

@@ -4,7 +4,7 @@ import random
 import socket
 import time
 
-from shardbroker.cluster import connz
+from shardbroker.cluster.monitoring import connz
 from harness import Raw
 
 KEYS = ["cid", "start", "subs", "pending", "msgs_to", "msgs_from", "bytes_to", "bytes_from", "last", "idle",

@@ -15,8 +15,10 @@ import os
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shardbroker.workers import bridge_codec, nats_codec, ndjson_codec
-from shardbroker.workers.workqueues import qlite_codec
+from shardbroker.workers.protocols.bridge import codec as bridge_codec
+from shardbroker.workers.protocols.nats import codec as nats_codec
+from shardbroker.workers.protocols.ndjson import codec as ndjson_codec
+from shardbroker.workers.protocols.qlite import codec as qlite_codec
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "1000"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=False,

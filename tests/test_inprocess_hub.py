@@ -4,9 +4,9 @@ gossip, a subscription in force everywhere before its ``ok``, publish order, a p
 unsubscribe, and backpressure from slow consumers.  Driven through the sessions' entry points only."""
 
 from inprocess import Broker, run, turns, until
-from shardbroker.workers.bridge import BridgeSession
-from shardbroker.workers.nats import NatsSession
-from shardbroker.workers.ndjson import NdjsonSession
+from shardbroker.workers.protocols.bridge.session import BridgeSession
+from shardbroker.workers.protocols.nats.session import NatsSession
+from shardbroker.workers.protocols.ndjson.session import NdjsonSession
 
 OK = b'{"ok":true}\n'
 

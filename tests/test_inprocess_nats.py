@@ -6,8 +6,8 @@ permission checks of security on, and a PONG that waits for a subscription to be
 import orjson
 
 from inprocess import SERVER_INFO, Broker, run, turns, until
-from shardbroker.workers.nats import NatsSession
-from shardbroker.workers.ndjson import NdjsonSession
+from shardbroker.workers.protocols.nats.session import NatsSession
+from shardbroker.workers.protocols.ndjson.session import NdjsonSession
 
 HDR = b"NATS/1.0\r\nA: b\r\n\r\n"   # 18 bytes
 

@@ -8,10 +8,10 @@ import struct
 import bcrypt
 
 from inprocess import Broker, run, turns
-from shardbroker.workers.nats import NatsSession
-from shardbroker.workers.ndjson import NdjsonSession
-from shardbroker.workers.workqueues import qlite_codec as codec
-from shardbroker.workers.workqueues.qlite import QliteSession
+from shardbroker.workers.protocols.nats.session import NatsSession
+from shardbroker.workers.protocols.ndjson.session import NdjsonSession
+from shardbroker.workers.protocols.qlite import codec
+from shardbroker.workers.protocols.qlite.session import QliteSession
 
 SECRETS = {"pub": "pub secret!", "sub": "sub secret!", "pub2": "pub2 secret!"}
 QLITE = {"qlite": {"enabled": True, "queue": "jobs"},

@@ -5,9 +5,9 @@ permission checks of security on.  NATS: test_inprocess_nats.py; qlite and work 
 import orjson
 
 from inprocess import Broker, run, turns, until
-from shardbroker.workers.bridge import BridgeSession
-from shardbroker.workers.nats import NatsSession
-from shardbroker.workers.ndjson import NdjsonSession
+from shardbroker.workers.protocols.bridge.session import BridgeSession
+from shardbroker.workers.protocols.nats.session import NatsSession
+from shardbroker.workers.protocols.ndjson.session import NdjsonSession
 
 OK = b'{"ok":true}\n'
 USERS = {"security": {"enabled": True, "iterations": 1000,

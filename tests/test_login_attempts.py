@@ -15,7 +15,7 @@ import socket
 import statistics
 import time
 
-from shardbroker.cluster import passwords
+from shardbroker.cluster.config import passwords
 from harness import Raw
 from test_security import ADMIN, auth, secure_config
 

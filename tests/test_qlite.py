@@ -18,7 +18,7 @@ import pytest
 
 from shardbroker.cluster.config import ConfigError, load
 from harness import Raw
-from shardbroker.workers.workqueues import qlite_codec as codec
+from shardbroker.workers.protocols.qlite import codec
 
 QUEUE = "qlite"
 SECRETS = {"pub": "pub-secret", "pub2": "pub2-secret", "sub": "sub-secret", "sub2": "sub2-secret"}
@@ -144,12 +144,12 @@ def test_codec_replies():
 
 
 def test_codec_refusal_bytes():
-    from shardbroker.workers.workqueues.qlite import PROTOCOL, REFUSAL
+    from shardbroker.workers.protocols.qlite.session import PROTOCOL, REFUSAL
 
     assert PROTOCOL == "qlite"
     assert REFUSAL is codec.REFUSAL
     assert REFUSAL == codec.frame(b"FAIL;error: the max amount of connections have already been connected")
-    from shardbroker.cluster.protocols import BY_NAME
+    from shardbroker.cluster.config.protocols import BY_NAME
 
     assert BY_NAME["qlite"].refusal == REFUSAL   # what the acceptor writes is the codec's frame
 
@@ -200,7 +200,7 @@ def test_config_qlite_secret(tmp_path):
 
 def test_config_registry_carries_qlite_secret(tmp_path):
     from shardbroker.cluster.config import has_qlite_secrets, without_plaintext_passwords
-    from shardbroker.cluster.users import Registry, from_config
+    from shardbroker.cluster.security.users import Registry, from_config
 
     # Spaces and "!" are outside the password hash's alphabet: a short secret like "qs" turned up inside the random
     # hash's base64 now and then, and the test failed with nothing wrong.
@@ -710,7 +710,7 @@ def test_connections_go_to_the_queues_owner(start_broker):
 
 
 def test_connections_in_their_handshake_are_capped_per_worker(start_broker):
-    from shardbroker.workers.workqueues.qlite import MAX_HANDSHAKES, MAX_HANDSHAKES_PER_ADDRESS
+    from shardbroker.workers.protocols.qlite.session import MAX_HANDSHAKES, MAX_HANDSHAKES_PER_ADDRESS
 
     b = start_broker(workers=1, config=qconfig())
     waiting = []
@@ -740,7 +740,7 @@ def test_connections_in_their_handshake_are_capped_per_worker(start_broker):
 def test_one_address_holds_only_a_few_handshakes(start_broker):
     """Finding A15: 70 idle connections from one address held every handshake seat (64), and every qlite login
     was refused, again each time they reconnected."""
-    from shardbroker.workers.workqueues.qlite import MAX_HANDSHAKES_PER_ADDRESS
+    from shardbroker.workers.protocols.qlite.session import MAX_HANDSHAKES_PER_ADDRESS
 
     b = start_broker(workers=1, config=qconfig())
     idle = []

@@ -50,7 +50,7 @@ async def on_worker(port: int, worker: int) -> Conn:
 
 
 def test_kill_9_of_the_owner_loses_nothing_acknowledged(start_broker):
-    # the clients stay on the worker that survives (they would move to the owner: workers/moves.py)
+    # the clients stay on the worker that survives (they would move to the owner: workers/protocols/ndjson/moves.py)
     broker = start_broker(workers=2, config={"queues": {"move_connections": False}})
     queue = next(q for q in (f"crash.{i}" for i in range(100)) if zlib.crc32(q.encode()) % 2 == 1)
     owner_pid = next(w["pid"] for w in broker.varz()["workers"] if w["worker"] == 1)

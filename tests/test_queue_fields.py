@@ -91,7 +91,10 @@ def test_without_security_each_address_has_its_share(start_broker):
 def test_one_table_of_queue_operations_is_what_every_protocol_spells():
     """workers/workqueues/operations.py is the vocabulary: the shard runs its rows, NDJSON's ops and NATS' $Q
     verbs are its spellings, and every qlite command runs one of its operations."""
-    from shardbroker.workers.workqueues import nats_ops, ndjson_ops, operations, qlite, shard
+    from shardbroker.workers.protocols.nats import queue_verbs as nats_ops
+    from shardbroker.workers.protocols.ndjson import queue_verbs as ndjson_ops
+    from shardbroker.workers.workqueues import operations, shard
+    from shardbroker.workers.protocols.qlite import session as qlite
 
     rows = operations.OPERATIONS
     assert set(shard._OPS) == {op.name for op in rows}

@@ -13,7 +13,7 @@ from shardbroker.workers.workqueues.journal import Journal
 from shardbroker.workers.workqueues.model import Settings
 from shardbroker.workers.workqueues.shard import Shard
 from test_qlite import Q, SECRETS, answer, qport
-from shardbroker.workers.workqueues import qlite_codec as codec
+from shardbroker.workers.protocols.qlite import codec
 
 PERMS = ["publish:jobs", "subscribe:jobs", "subscribe:_INBOX.>"]
 CONFIG = {

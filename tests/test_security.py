@@ -12,7 +12,7 @@ import time
 import pytest
 
 from shardbroker.cli.client import AsyncClient, BrokerError
-from shardbroker.cluster import passwords
+from shardbroker.cluster.config import passwords
 from harness import REPO, Raw
 from test_cluster import close_spread, spread
 

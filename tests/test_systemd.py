@@ -20,8 +20,8 @@ from types import SimpleNamespace
 import psutil
 import pytest
 
-from shardbroker.cluster.service_status import ServiceStatus
-from shardbroker.cluster.systemd import Notifier
+from shardbroker.cluster.supervisor.service_status import ServiceStatus
+from shardbroker.cluster.supervisor.systemd import Notifier
 from harness import REPO, Raw, pid_alive
 from systemd_fakes import NotifyReceiver
 

@@ -18,7 +18,7 @@ import pytest
 
 from certs import CertificateAuthority, name
 from shardbroker.cli.client import AsyncClient, BlockingClient, tls_context
-from shardbroker.cluster import certnames
+from shardbroker.cluster.config import certnames
 from harness import REPO, Raw
 
 ADMIN = {"username": "admin", "password": "admin-pw", "permissions": ["admin"]}
@@ -354,8 +354,8 @@ def _read_exactly(c: Raw, n: int) -> bytes:
 
 
 def test_bridge_and_qlite_over_tls(start_broker, pki):
-    from shardbroker.workers import bridge_codec
-    from shardbroker.workers.workqueues import qlite_codec
+    from shardbroker.workers.protocols.bridge import codec as bridge_codec
+    from shardbroker.workers.protocols.qlite import codec as qlite_codec
 
     cfg = secured(pki, bridge={"enabled": True, "port": 0, "user": "bob", "tls": {"verify_and_map": True}},
                   qlite={"enabled": True, "port": 0, "tls": True})

@@ -11,7 +11,7 @@ from shardbroker.router import frames
 from shardbroker.router.shardmap import owner
 from shardbroker.router.subjects import covers, is_valid_literal, is_valid_pattern
 from shardbroker.router.sublist import Sublist
-from shardbroker.workers import ndjson_codec as codec
+from shardbroker.workers.protocols.ndjson import codec
 from shardbroker.workers.message import KIND_JSON, KIND_RAW
 
 
@@ -251,7 +251,7 @@ def test_deploy_example_config_spells_out_the_defaults():
 
 
 def test_password_hash_format_and_verification():
-    from shardbroker.cluster import passwords
+    from shardbroker.cluster.config import passwords
     h = passwords.hash_password("pässword", 1000)
     assert h.startswith("$pbkdf2-sha256$i=1000$") and h.count("$") == 4
     assert passwords.verify(h, "pässword") and not passwords.verify(h, "password")
@@ -273,12 +273,12 @@ def test_password_hash_format_and_verification():
     ("publish:*", "x", False),
 ])
 def test_permission_coverage(perm, pattern, subscribe_ok):
-    from shardbroker.cluster.permissions import Permissions
+    from shardbroker.cluster.config.permissions import Permissions
     assert Permissions([perm]).may_subscribe(pattern) is subscribe_ok
 
 
 def test_permission_strings_are_validated():
-    from shardbroker.cluster.permissions import PermissionFormatError, Permissions
+    from shardbroker.cluster.config.permissions import PermissionFormatError, Permissions
     for bad in ["publish", "publish:", "read:x", "publish:a.*.b", "publish:a..b", "subscribe:ch*.x.>.y"]:
         with pytest.raises(PermissionFormatError):
             Permissions([bad])

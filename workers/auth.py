@@ -1,6 +1,6 @@
 """The worker's side of security, for every protocol: who may connect, as whom, and with which permissions.
 
-- The registry is a replica of the supervisor's (``cluster.users``), kept current by the changes it broadcasts.
+- The registry is a replica of the supervisor's (``cluster.security.users``), kept current by the changes it broadcasts.
 - Password checks run in a small thread pool, never on the event loop: hashlib releases the GIL, so deliveries to
   other connections keep flowing while clients authenticate.
 - An unknown user is checked against a dummy hash, and every check is made to cost the most any stored hash (or
@@ -8,7 +8,7 @@
   made at.
 - Every check is begun with the supervisor's leave (``attempt``): it counts checks per address as they start, lets a
   few run at once and makes the rest wait their turn, and blocks an address that failed too often, refusing
-  what it still has waiting (``cluster.attempts``).  Addresses it has blocked are refused here without asking.
+  what it still has waiting (``cluster.security.attempts``).  Addresses it has blocked are refused here without asking.
 - ``security.no_auth_user`` (nats-server's): a client that presents no credentials at all acts as that user,
   looked up in the registry each time, so a deleted user lets nobody in without credentials until it exists again.
 - ``tls.verify_and_map`` (nats-server's): a verified client certificate names its user (``by_certificate``).
@@ -23,10 +23,10 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Awaitable, Callable, TypeVar
 
-from shardbroker.cluster import passwords
-from shardbroker.cluster.attempts import Blocked
+from shardbroker.cluster.config import passwords
+from shardbroker.cluster.security.attempts import Blocked
 from shardbroker.cluster.config import SecurityConfig
-from shardbroker.cluster.users import Registry, User
+from shardbroker.cluster.security.users import Registry, User
 
 
 log = logging.getLogger("broker.auth")
@@ -62,7 +62,7 @@ class Authenticator:
         self._dummy = passwords.dummy_hash(passwords.MIN_ITERATIONS)   # made to cost what the others do
         self._pool = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="auth",
                                         initializer=yield_to_the_loop)
-        self._blocked = Blocked()   # the supervisor's blocks (cluster.attempts)
+        self._blocked = Blocked()   # the supervisor's blocks (cluster.security.attempts)
         # Set by the worker process: the supervisor's leave to check a password from an address, and the outcome.
         self.begin: Callable[[str], Awaitable[bool]] = _always
         self.end: Callable[[str, bool], None] = lambda address, failed: None
@@ -102,7 +102,7 @@ class Authenticator:
         return user
 
     def by_certificate(self, peercert: dict | None) -> User | None:
-        """The user a verified client certificate names (tls.verify_and_map; cluster.certnames), or None.  No
+        """The user a verified client certificate names (tls.verify_and_map; cluster.config.certnames), or None.  No
         password check: the handshake proved the certificate, and the CA vouched for its names."""
         if not self.enabled:
             return None

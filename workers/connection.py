@@ -37,11 +37,11 @@ except ImportError:  # not a POSIX system
 
 if TYPE_CHECKING:
     from shardbroker.cluster.config import LimitsConfig
-    from shardbroker.cluster.users import User
+    from shardbroker.cluster.security.users import User
 
     from shardbroker.workers.auth import Authenticator
     from shardbroker.workers.backpressure import Backpressure
-    from shardbroker.workers.queues import QueueTable
+    from shardbroker.workers.groups import GroupTable
     from shardbroker.workers.subscription import Subscription
 
 log = logging.getLogger("broker.conn")
@@ -63,7 +63,7 @@ class Host(Protocol):
     limits: "LimitsConfig"
     auth: "Authenticator"
     backpressure: "Backpressure"
-    queues: "QueueTable"
+    groups: "GroupTable"
     held: set
     holding: bool
     stopping: bool
@@ -89,7 +89,7 @@ class Connection(ConnzView, asyncio.Protocol):
     tls = False
     tls_verify = False
     tls_map = False
-    # Moving to the owner of the work queue it uses (workers/moves.py): may it still (its first queue request
+    # Moving to the owner of the work queue it uses (workers/protocols/ndjson/moves.py): may it still (its first queue request
     # decides), has it gone (then its close here is no close), and what it brings when it arrives.
     movable = False
     moved = False
@@ -186,7 +186,7 @@ class Connection(ConnzView, asyncio.Protocol):
         """Hook for sessions that greet their client."""
 
     def arrived(self, state: dict) -> None:
-        """Hook: taken over from another worker (workers/moves.py), which sent ``state``."""
+        """Hook: taken over from another worker (workers/protocols/ndjson/moves.py), which sent ``state``."""
         raise NotImplementedError
 
     def greeted(self) -> None:
@@ -466,7 +466,7 @@ class Connection(ConnzView, asyncio.Protocol):
             if not self.user.permissions.may_subscribe(sub.subject):
                 del self.subs[key]
                 self.hub.unsubscribe(sub)
-            elif sub.queue is not None and self.hub.queues.user_of(sub) != self.user.name:
+            elif sub.queue is not None and self.hub.groups.user_of(sub) != self.user.name:
                 # a queue-group member is picked by the user it names: announced again, as the new one
                 self.hub.unsubscribe(sub)
                 self.hub.subscribe(sub, lambda: None)

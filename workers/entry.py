@@ -1,4 +1,4 @@
-"""A worker process's entry point: the fresh interpreter ``cluster.launch`` starts runs ``main``.
+"""A worker process's entry point: the fresh interpreter ``cluster.supervisor.launch`` starts runs ``main``.
 
 The command line is ``<python> <flags> -S -c <boot> broker-worker <index> <boot fd> <control fd>``.  The worker's
 modules are imported first, while the supervisor gets ready and writes the arguments (pickled) to the boot pipe;

@@ -21,7 +21,7 @@
   rest of a read, or of a fabric frame, waits for the next turn), and consumers that drain slower than messages
   arrive hold publishers back (``backpressure``).
 - The owner of a subject (``router.shardmap``) keeps its counters (every worker counts what its clients publish
-  and ships the counts to the owner once a second) and picks the members of its queue groups (``queues``).
+  and ships the counts to the owner once a second) and picks the members of its queue groups (``groups``).
 
 A message crossing the fabric is ``(subject, kind, payload, reply, headers, extra)``, where ``payload`` is a list
 for a run of messages without headers (``publish_run``: one fabric message however many the run holds); ``extra``
@@ -45,12 +45,13 @@ from shardbroker.router.fabric import Fabric
 from shardbroker.router.subjects import is_literal
 from shardbroker.router.sublist import Sublist
 
-from shardbroker.workers import ndjson_codec, speedups
+from shardbroker.workers.protocols.ndjson import codec as ndjson_codec
+from shardbroker.workers import speedups
 from shardbroker.workers.backpressure import Backpressure
 from shardbroker.workers.message import KIND_RAW, as_bytes
-from shardbroker.workers.nats_codec import Outgoing, msg_tail
+from shardbroker.workers.protocols.nats.codec import Outgoing, msg_tail
 from shardbroker.workers.polls import PER_CONNECTION as _POLLS, PER_WORKER as _POLLS_PER_WORKER, PendingPolls
-from shardbroker.workers.queues import QueueTable
+from shardbroker.workers.groups import GroupTable
 from shardbroker.workers.shardstate import SubjectTable
 from shardbroker.workers.speedups import msg_tails
 from shardbroker.workers.subscription import Subscription
@@ -169,8 +170,8 @@ class Hub:
         # Set by the worker process: ask the supervisor (admin changes), report an auth failure.
         self.supervisor_request: Callable[[dict], Awaitable[dict]] = _no_supervisor
         self.auth_failed: Callable[[str], None] = lambda address: None
-        self.report_closed: Callable[[int], None] = lambda cid: None   # tell the supervisor (cluster.admission)
-        # Give a connection to another worker through the supervisor (workers/moves.py): False if it cannot go.
+        self.report_closed: Callable[[int], None] = lambda cid: None   # tell the supervisor (cluster.supervisor.admission)
+        # Give a connection to another worker through the supervisor (workers/protocols/ndjson/moves.py): False if it cannot go.
         self.hand_over: Callable[[dict, socket.socket], bool] = lambda message, sock: False
         self.moved_in = self.moved_out = 0
         self.server_info: dict = {}   # what NATS clients are told in INFO, from the supervisor
@@ -183,7 +184,7 @@ class Hub:
         self._announcing: dict[str, int] = {}
         self.remote = Sublist()
         self._remote_by_peer: dict[int, set[str]] = {p: set() for p in range(workers) if p != index}
-        self.queues = QueueTable(index)
+        self.groups = GroupTable(index)
         self.queue_dropped = 0
         self._by_party = Tally()   # subscriptions standing here per user (or client address)
         self.routes: dict[str, Route] = {}
@@ -314,7 +315,7 @@ class Hub:
         fabric = self.fabric
         self._counted_in(sub)
         if sub.queue is not None:
-            member = self.queues.add_local(sub)
+            member = self.groups.add_local(sub)
             self._invalidate()
             if fabric is None or not fabric.links:
                 return True
@@ -350,7 +351,7 @@ class Hub:
     def unsubscribe(self, sub: Subscription) -> None:
         pattern = sub.subject
         if sub.queue is not None:
-            member = self.queues.remove_local(sub)
+            member = self.groups.remove_local(sub)
             if member is not None:
                 self._counted_out(sub)
                 self._invalidate()
@@ -419,7 +420,7 @@ class Hub:
         # neither cached nor batched (its message goes straight to the subscribers: a batch of one only costs).
         seen = self._seen
         first = subject not in seen
-        route = Route(subject, tuple(ndjson), tuple(nats), tuple(others), remote, self.queues.matches(subject),
+        route = Route(subject, tuple(ndjson), tuple(nats), tuple(others), remote, self.groups.matches(subject),
                       shardmap.owner(subject, self.workers), batching=not first)
         route.generation = self.generation
         if first:
@@ -468,7 +469,7 @@ class Hub:
                 dispatch = ("q", self.index, 0, False)
             owner = route.owner
             if owner == self.index:
-                self._dispatch_queues(route, kind, payload, reply, headers, dispatch)
+                self._dispatch_groups(route, kind, payload, reply, headers, dispatch)
             elif owner not in remote:
                 self.fabric.send(owner, (route.subject, kind, payload, reply, headers, dispatch))
             plain = (route.subject, kind, payload, reply, headers, None)
@@ -686,15 +687,15 @@ class Hub:
         if batch is not None and conn in batch.members:
             self.end_batch()
 
-    def _dispatch_queues(self, route: Route, kind: int, payload: bytes, reply: str | None, headers: bytes | None,
+    def _dispatch_groups(self, route: Route, kind: int, payload: bytes, reply: str | None, headers: bytes | None,
                          dispatch: tuple) -> bool:
         """This worker owns the subject: one member per queue group, wherever the members are.  -> whether some
         went to another worker."""
         if route.groups is None:
-            route.groups = self.queues.groups(route.subject, self._member_may_receive if self.auth.enabled else None)
+            route.groups = self.groups.groups(route.subject, self._member_may_receive if self.auth.enabled else None)
         _, origin_worker, origin_cid, no_echo = dispatch
         forwarded = False
-        for worker, members in self.queues.pick(route.groups, origin_worker, origin_cid, no_echo).items():
+        for worker, members in self.groups.pick(route.groups, origin_worker, origin_cid, no_echo).items():
             if worker == self.index:
                 self._deliver_members(route.subject, kind, payload, reply, headers, members)
             else:
@@ -714,7 +715,7 @@ class Hub:
             self.end_batch()
         out = None
         for group, cid, sid in members:
-            sub = self.queues.member(group, cid, sid, subject)
+            sub = self.groups.member(group, cid, sid, subject)
             if sub is None or not sub.conn.may_receive(subject):
                 self.queue_dropped += 1
                 continue
@@ -765,7 +766,7 @@ class Hub:
                     self._deliver_run(route, kind, payload, reply, None)
                     continue
                 self._deliver(route, kind, payload, reply, headers, None)
-                if extra is not None and route.queued and self._dispatch_queues(route, kind, payload, reply,
+                if extra is not None and route.queued and self._dispatch_groups(route, kind, payload, reply,
                                                                                 headers, extra):
                     entry[4] = True
             backlog.popleft()
@@ -869,17 +870,17 @@ class Hub:
         self._invalidate()
 
     def _group_add(self, src: int, item: tuple) -> None:
-        if self.queues.add_remote(src, item[1], item[2]):
+        if self.groups.add_remote(src, item[1], item[2]):
             self._invalidate()
 
     def _group_del(self, src: int, item: tuple) -> None:
-        if self.queues.remove_remote(src, item[1], item[2]):
+        if self.groups.remove_remote(src, item[1], item[2]):
             self._invalidate()
 
     def _group_snapshot(self, src: int, item: tuple) -> None:
-        self.queues.drop_peer(src)
+        self.groups.drop_peer(src)
         for pattern, member in item[1]:
-            self.queues.add_remote(src, pattern, member)
+            self.groups.add_remote(src, pattern, member)
         self._invalidate()
 
     def _counters(self, src: int, item: tuple) -> None:
@@ -895,7 +896,7 @@ class Hub:
 
     def on_peer_hello(self, src: int) -> None:
         self.fabric.control(src, (_INTEREST_SNAPSHOT, list(self._local_refs)))
-        self.fabric.control(src, (_QUEUE_SNAPSHOT, self.queues.snapshot()))
+        self.fabric.control(src, (_QUEUE_SNAPSHOT, self.groups.snapshot()))
         for part in self.parts:
             part.peer_ready(src)
 
@@ -908,7 +909,7 @@ class Hub:
 
     def _drop_peer_interest(self, src: int) -> None:
         self._forget_interest(src)
-        self.queues.drop_peer(src)
+        self.groups.drop_peer(src)
         self._invalidate()
 
     def _forget_interest(self, src: int) -> None:
@@ -1003,8 +1004,8 @@ class Hub:
             "hot_path": speedups.IMPLEMENTATION,
             "connections": len(self.conns),
             "total_connections": self.total_connections,
-            "subscriptions": len(self.local) + len(self.queues.local),
-            "queue_subscriptions": len(self.queues.local),
+            "subscriptions": len(self.local) + len(self.groups.local),
+            "queue_subscriptions": len(self.groups.local),
             "queue_dropped": self.queue_dropped,
             "patterns": len(self._local_refs),
             "remote_patterns": len(self.remote),

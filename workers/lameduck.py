@@ -1,4 +1,4 @@
-"""A worker's half of lame duck mode (SIGUSR2, ``brokerctl lameduck``; the supervisor's half is cluster.lameduck).
+"""A worker's half of lame duck mode (SIGUSR2, ``brokerctl lameduck``; the supervisor's half is cluster.supervisor.lameduck).
 
 As nats-server does it: every NATS client is told at once (``INFO {"ldm":true}``, which nats-py turns into its
 ``lame_duck_mode_cb``); after the grace period the worker closes its clients one by one, spread so that they come

@@ -1,6 +1,6 @@
 """A worker process: one event loop, its share of the connections, its shard of the subjects.
 
-Started by the supervisor in a fresh interpreter (``cluster.launch`` runs ``workers.entry``, which calls ``main``:
+Started by the supervisor in a fresh interpreter (``cluster.supervisor.launch`` runs ``workers.entry``, which calls ``main``:
 nothing of the supervisor's loop is inherited).  Its life:
 
 1. boot: event loop, hub, fabric; hello to every other worker.  Any failure here is reported to the supervisor
@@ -10,7 +10,7 @@ nothing of the supervisor's loop is inherited).  Its life:
    ``workers.heartbeat_timeout``, at most one a second: a blocked loop stops them and gets the worker replaced;
    a loop that merely lagged says so in the log).
 3. stop (``stop`` order or SIGTERM): stop reading, send what is already queued to clients, close, exit 0 within the
-   grace period.  A worker runs in a process group of its own (cluster.launch), so a terminal's Ctrl-C reaches
+   grace period.  A worker runs in a process group of its own (cluster.supervisor.launch), so a terminal's Ctrl-C reaches
    the supervisor alone, which orchestrates the shutdown; SIGINT is ignored besides (a group-wide kill of it).
 4. orphaned (the control socket reads EOF: the supervisor is gone, even by SIGKILL): close every connection the
    way the kernel closes a killed server's sockets (a FIN, so clients read EOF and reconnect quietly; a reset
@@ -29,7 +29,9 @@ import socket
 import sys
 import time
 
-from shardbroker.cluster import connz, control, protocols, runtime
+from shardbroker.cluster.monitoring import connz
+from shardbroker.cluster import control, runtime
+from shardbroker.cluster.config import protocols
 from shardbroker.cluster.config import Config, from_document
 from shardbroker.cluster.logs import flush_floods, setup_logging
 from shardbroker.router.fabric import Fabric
@@ -127,7 +129,7 @@ class Worker:
         self._finished = False
         self.lame_duck: LameDuck | None = None
         self.loop_lag = LoopLag()
-        self._tls_material = tls_material or {}   # the certificates the supervisor read (cluster.tls)
+        self._tls_material = tls_material or {}   # the certificates the supervisor read (cluster.security.tls)
         self.tls: WorkerTls | None = None
         self._closed_cids: list[int] = []   # closed in this turn, not yet reported to the supervisor
 
@@ -167,7 +169,7 @@ class Worker:
         self.hub.report_closed = self._report_closed
         self.hub.hand_over = lambda message, sock: self.ctl.send(message, sock=sock)
         self.hub.queue_service = workqueues.start(self.index, cfg, self.runtime_dir, self.hub)
-        # The session of each listener that is on (cluster/protocols.py), imported only then: a worker's imports
+        # The session of each listener that is on (cluster/config/protocols.py), imported only then: a worker's imports
         # are most of its start-up.
         self.sessions = {p.name: protocols.session_class(p) for p in protocols.enabled(cfg)}
         self.hub.fabric = Fabric(self.index, self.workers, self.epoch, self.runtime_dir, self.hub,
@@ -189,7 +191,7 @@ class Worker:
             self.ctl.send({"k": "hb", "conns": len(hub.conns)})
 
     def _report_closed(self, cid: int) -> None:
-        """Closed connections reach the supervisor's counts (cluster.admission) at the end of the turn they closed
+        """Closed connections reach the supervisor's counts (cluster.supervisor.admission) at the end of the turn they closed
         in, so that a client at its per-address limit may reconnect at once."""
         if not self._closed_cids:
             asyncio.get_running_loop().call_soon(self._send_closed)
@@ -223,7 +225,7 @@ class Worker:
             self.ctl.send({"k": "users_ack", "v": msg["v"]})
         elif kind == "block":
             self.auth.block(str(msg["ip"]), float(msg["seconds"]))
-        elif kind == "config":   # a reload (cluster.reload): only keys that may change at run time differ
+        elif kind == "config":   # a reload (cluster.supervisor.reload): only keys that may change at run time differ
             self.config = from_document(msg["doc"])
             reconfigure.apply(self.config, self.hub, self.auth)
             self._tls_material = msg.get("tls", self._tls_material)
@@ -250,7 +252,7 @@ class Worker:
         self.lame_duck.start()
 
     async def _may_check(self, address: str) -> bool:
-        """The supervisor's leave to check a password from ``address`` (cluster.attempts), which may wait."""
+        """The supervisor's leave to check a password from ``address`` (cluster.security.attempts), which may wait."""
         return bool((await self._request({"k": "auth_begin", "ip": address})).get("ok"))
 
     async def _request(self, message: dict, timeout: float = 30.0) -> dict:
@@ -277,7 +279,7 @@ class Worker:
             return
         moved = msg.get("moved")
         try:
-            if moved is not None:   # from another worker (workers/moves.py): plain TCP, its client greeted
+            if moved is not None:   # from another worker (workers/protocols/ndjson/moves.py): plain TCP, its client greeted
                 hub.moved_in += 1
                 loop = asyncio.get_running_loop()
                 await loop.connect_accepted_socket(lambda: _arriving(session(hub, cid), moved), sock)
@@ -297,7 +299,7 @@ class Worker:
         data["loop_lag"] = self.loop_lag.stats()
         what = msg.get("what")
         if what == "conns":
-            # sorted here and cut to what the page can use (cluster/connz.py): /connz?sort=...&limit=...
+            # sorted here and cut to what the page can use (cluster/monitoring/connz.py): /connz?sort=...&limit=...
             conns = hub.conns.values()
             if msg.get("cid") is not None:
                 conns = [c for c in conns if c.cid == msg["cid"]]

@@ -13,12 +13,12 @@ any change here is a change there.
   batched in one call.  The form is narrow on purpose: printable ASCII without quotes or backslashes in T and S,
   so the data string is its own canonical JSON encoding (what orjson would write back) and the topic needs no
   decoding.  Runs of single pushes in theirs (``{"op":"qpush","queue":"Q","data":D}``) to one queue are grouped
-  too, so that a run is gathered for the queue's owner in one call (workers/workqueues/ndjson_ops.py,
+  too, so that a run is gathered for the queue's owner in one call (workers/protocols/ndjson/queue_verbs.py,
   ``push_run``).  D is any text without control characters: whether it is JSON is checked there, and what is not
   goes back to the general path, line by line.  Every other line stays a line for the general path.
 - ``qpush_batch``: the data values' text of a batch push in its canonical form
   (``{"op":"qpush","queue":"Q","messages":[{"data":D},...]}``), a line orjson has already accepted, so that the
-  batch is stored as the client wrote it without encoding each value again (workers/workqueues/ndjson_ops.py).
+  batch is stored as the client wrote it without encoding each value again (workers/protocols/ndjson/queue_verbs.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A configuration reload, on a worker (the supervisor's half is cluster.reload): the keys that may change at run
+"""A configuration reload, on a worker (the supervisor's half is cluster.supervisor.reload): the keys that may change at run
 time, applied to what this worker holds.
 
 The supervisor sends only configurations whose other keys are unchanged.  Limits kept per connection are updated on

@@ -3,7 +3,7 @@ what the handshakes came to (/varz, /metrics).
 
 The supervisor only accepts and hands the socket over; the handshake happens here, in the worker that will serve
 the connection, on its event loop, driven by asyncio's (or uvloop's) own TLS as bytes arrive: nothing waits on a
-socket (``cluster.tls.accept``).  The contexts are built from the certificate material the supervisor read and
+socket (``cluster.security.tls.accept``).  The contexts are built from the certificate material the supervisor read and
 checked, at start and at each reload (``apply``); connections already open keep the session they have.
 """
 
@@ -14,7 +14,8 @@ import logging
 import socket
 from typing import Callable
 
-from shardbroker.cluster import protocols, tls
+from shardbroker.cluster.config import protocols
+from shardbroker.cluster.security import tls
 from shardbroker.cluster.config import Config
 
 log = logging.getLogger("broker.tls")
@@ -26,7 +27,7 @@ class WorkerTls:
     def __init__(self, config: Config, material: tls.Material) -> None:
         self.contexts: dict = {}
         self.settings: dict = {}
-        # outcomes of cluster.tls.accept, counted
+        # outcomes of cluster.security.tls.accept, counted
         self.counts = {"ok": 0, "plaintext": 0, "timeout": 0, "failed": 0, "closed": 0}
         error = self.apply(config, material)
         if error:

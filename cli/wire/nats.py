@@ -1,4 +1,4 @@
-"""NATS core as a client speaks it, sans I/O (docs/nats.md; the server's end is workers/nats_codec.py).
+"""NATS core as a client speaks it, sans I/O (docs/nats.md; the server's end is workers/protocols/nats/codec.py).
 
 Out: ``connect``, ``sub``, ``pub`` (``pub_head`` for a caller that splices payloads onto one head), ``PING`` and
 ``PONG``.  Subjects, queue groups and reply subjects may be ``str`` or ``bytes``.

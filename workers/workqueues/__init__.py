@@ -1,6 +1,7 @@
 """Work queues with visibility timeouts (qlite's model, done as SQS and beanstalkd users expect): ``model`` is one
 queue's state machine, ``journal`` its crash safety, ``shard`` the queues a worker owns, ``service`` the way
-every worker reaches the owners, and the protocol modules (``ndjson_ops``) map requests onto it.  See
+every worker reaches the owners, ``operations`` the table of what may be asked, and each protocol's
+``queue_verbs`` (``workers.protocols``) map its requests onto it.  See
 docs/queues.md."""
 
 from __future__ import annotations

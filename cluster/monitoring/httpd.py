@@ -6,7 +6,7 @@ another format (/metrics); it sees the request's headers (Accept), and a ``Body`
 asks for it (Prometheus does).
 
 HTTPS (``monitoring.tls``): the server accepts itself and asks ``tls()`` for the context of each new connection,
-so that a reload's certificates serve the next request.  The handshake runs here, in the supervisor (cluster.tls:
+so that a reload's certificates serve the next request.  The handshake runs here, in the supervisor (cluster.security.tls:
 on its event loop, never blocking it): a handful of scrapes a minute cost it nothing worth moving elsewhere.
 A plain HTTP request to an HTTPS port gets a plain ``400`` that says so.
 """
@@ -26,7 +26,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
-from shardbroker.cluster import tls as tlsaccept
+from shardbroker.cluster.security import tls as tlsaccept
 
 log = logging.getLogger("broker.http")
 
@@ -56,7 +56,7 @@ class HttpServer:
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._resting: asyncio.TimerHandle | None = None
-        # TLS handshakes by outcome (cluster.tls.accept), for /varz and /metrics
+        # TLS handshakes by outcome (cluster.security.tls.accept), for /varz and /metrics
         self.tls_counts = {"ok": 0, "plaintext": 0, "timeout": 0, "failed": 0}
         self._serving: set[asyncio.Task] = set()   # requests being answered (close waits for them)
 

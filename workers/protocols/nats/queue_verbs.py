@@ -25,7 +25,7 @@ import orjson
 
 from shardbroker.router.subjects import is_valid_literal
 from shardbroker.workers.message import KIND_RAW, as_bytes
-from shardbroker.workers.nats_codec import Outgoing
+from shardbroker.workers.protocols.nats.codec import Outgoing
 
 from shardbroker.workers.workqueues import fields as known
 from shardbroker.workers.workqueues.operations import OPERATIONS
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 
 class Session(Protocol):
-    """What the queue verbs need of a NATS session (``workers.nats.NatsSession``)."""
+    """What the queue verbs need of a NATS session (``workers.protocols.nats.session.NatsSession``)."""
 
     hub: "Hub"
     cid: int

@@ -17,7 +17,7 @@ from typing import Any, Callable, Protocol
 
 import orjson
 
-from shardbroker.workers import moves, ndjson_codec as codec
+from shardbroker.workers.protocols.ndjson import moves, codec
 from shardbroker.workers.connection import Connection
 from shardbroker.workers.turn import TURN_BUDGET
 from shardbroker.workers.message import KIND_JSON, as_json
@@ -31,7 +31,7 @@ from shardbroker.workers.workqueues.shard import MAX_BATCH
 
 
 class Session(Protocol):
-    """What the queue verbs need of an NDJSON session (``workers.ndjson.NdjsonSession``)."""
+    """What the queue verbs need of an NDJSON session (``workers.protocols.ndjson.session.NdjsonSession``)."""
 
     hub: Any
     cid: int

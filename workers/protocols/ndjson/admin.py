@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from shardbroker.cluster.config import valid_name
-from shardbroker.cluster.permissions import PermissionFormatError, validate
+from shardbroker.cluster.config.permissions import PermissionFormatError, validate
 
 if TYPE_CHECKING:
     from shardbroker.workers.hub import Hub

@@ -26,7 +26,7 @@ _SLACK = 3.0   # past the duration: the last closes linger (LINGER, 2 s) before 
 
 
 class Cluster(Protocol):
-    """What lame duck mode needs of the supervisor (cluster.supervisor.Supervisor), named here: it imports this."""
+    """What lame duck mode needs of the supervisor (cluster.supervisor.core.Supervisor), named here: it imports this."""
 
     config: Config
     acceptor: Any       # acceptor.Acceptor or None

@@ -23,13 +23,13 @@ import orjson
 
 from shardbroker.router.subjects import covers, is_valid_pattern
 
-from shardbroker.workers import nats_codec as codec
+from shardbroker.workers.protocols.nats import codec
 from shardbroker.workers.auth import RateLimited
 from shardbroker.workers.connection import Connection
 from shardbroker.workers.hub import Hub
 from shardbroker.workers.subscription import Subscription
 from shardbroker.workers.message import KIND_RAW
-from shardbroker.workers.workqueues import nats_ops as queue_ops
+from shardbroker.workers.protocols.nats import queue_verbs as queue_ops
 
 log = logging.getLogger("broker.nats")
 

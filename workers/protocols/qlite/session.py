@@ -40,11 +40,11 @@ from shardbroker.workers.connection import Connection
 from shardbroker.workers.message import KIND_RAW, as_bytes
 from shardbroker.workers.tally import Tally
 
-from shardbroker.workers.workqueues import qlite_codec as codec
+from shardbroker.workers.protocols.qlite import codec
 from shardbroker.workers.workqueues.model import D_DATA, D_KIND, D_RECEIPT, DLQ_SUFFIX, receipt_bytes, receipt_text
 
 if TYPE_CHECKING:
-    from shardbroker.cluster.users import User
+    from shardbroker.cluster.security.users import User
     from shardbroker.workers.hub import Hub
 
 log = logging.getLogger("broker.qlite")

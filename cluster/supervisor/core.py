@@ -5,9 +5,9 @@ and then keeps the real set of workers moving toward the wanted one (``_murder_u
 spawned as soon as a worker's exit is seen).
 
 Signals: TERM and INT stop gracefully (a second INT forces), QUIT stops at once, HUP reloads the configuration
-(cluster.reload), USR2 enters lame duck mode (cluster.lameduck; TERM does not cut it short).  ``brokerctl reload``
-and ``brokerctl lameduck`` do the same through the command socket (cluster.command_socket).  systemd hears of all
-of it (cluster.systemd, cluster.service_status), and may pass the listeners (socket activation).  Exit codes: 0
+(cluster.supervisor.reload), USR2 enters lame duck mode (cluster.supervisor.lameduck; TERM does not cut it short).  ``brokerctl reload``
+and ``brokerctl lameduck`` do the same through the command socket (cluster.supervisor.core.command_socket).  systemd hears of all
+of it (cluster.supervisor.systemd, cluster.supervisor.core.service_status), and may pass the listeners (socket activation).  Exit codes: 0
 clean stop, 1 forced stop or runtime failure, 2 bad configuration (from the CLI; or listeners passed by systemd
 that the configuration does not enable), 3 a worker failed to boot.
 """
@@ -31,20 +31,23 @@ from typing import TYPE_CHECKING, Any
 from shardbroker.router import shardmap
 from shardbroker.workers import speedups
 
-from shardbroker.cluster import control, datadir, protocols, runtime, systemd, tls
-from shardbroker.cluster.acceptor import Acceptor, Listener, bind
-from shardbroker.cluster.admission import Admission
-from shardbroker.cluster.command_socket import CommandServer
+from shardbroker.cluster import control, runtime
+from shardbroker.cluster.supervisor import datadir, systemd
+from shardbroker.cluster.config import protocols
+from shardbroker.cluster.security import tls
+from shardbroker.cluster.supervisor.acceptor import Acceptor, Listener, bind
+from shardbroker.cluster.supervisor.admission import Admission
+from shardbroker.cluster.supervisor.command_socket import CommandServer
 from shardbroker.cluster.config import Config, without_plaintext_passwords
-from shardbroker.cluster.lameduck import LameDuck
-from shardbroker.cluster.launch import WorkerProcess
+from shardbroker.cluster.supervisor.lameduck import LameDuck
+from shardbroker.cluster.supervisor.launch import WorkerProcess
 from shardbroker.cluster.logs import flush_floods, setup_logging
-from shardbroker.cluster.reload import Outcome, Reloader
-from shardbroker.cluster.security import SecurityManager
-from shardbroker.cluster.service_status import ServiceStatus
+from shardbroker.cluster.supervisor.reload import Outcome, Reloader
+from shardbroker.cluster.security.manager import SecurityManager
+from shardbroker.cluster.supervisor.service_status import ServiceStatus
 
 if TYPE_CHECKING:
-    from shardbroker.cluster.monitor import Monitor
+    from shardbroker.cluster.monitoring.endpoints import Monitor
 
 # Start-up (docs/performance-notes.md, scripts/startup_time.py): the workers' interpreters are started all at once,
 # without importing any of their modules here; what the supervisor needs only once they are up (monitoring, the
@@ -87,7 +90,7 @@ class Supervisor:
         self.nworkers = config.workers.resolved_count()
         self.slots: list[WorkerSlot | None] = [None] * self.nworkers
         self.runtime_dir = ""
-        self._data_dir_lock: int | None = None   # held for the process's life (cluster.datadir)
+        self._data_dir_lock: int | None = None   # held for the process's life (cluster.supervisor.datadir)
         self.listeners: list[Listener] = []
         self.acceptor: Acceptor | None = None
         self.admission = Admission(lambda: self.config.limits)
@@ -106,7 +109,7 @@ class Supervisor:
         self._requests: dict[int, tuple[asyncio.Future, dict]] = {}
         self._next_req = 0
         self._version = ""
-        # systemd (cluster.systemd): taken from the environment in run(), so that no worker inherits it
+        # systemd (cluster.supervisor.systemd): taken from the environment in run(), so that no worker inherits it
         self.state = "starting"                # starting, ready, reloading, lame duck, stopping
         self.notifier = systemd.Notifier(None)
         self.status: ServiceStatus | None = None
@@ -117,7 +120,7 @@ class Supervisor:
         self.lame_duck: LameDuck | None = None
         self._lame_duck_ints = 0
         self.commands = CommandServer(self._command)
-        # TLS (cluster.tls): the certificate files as read at start or at the last reload, and the contexts made
+        # TLS (cluster.security.tls): the certificate files as read at start or at the last reload, and the contexts made
         # of them.  Workers get the material and make their own; monitoring's context is used here.
         self.tls_material: tls.Material = {}
         self.tls_contexts: dict[str, Any] = {}
@@ -281,7 +284,7 @@ class Supervisor:
         for slot in self.slots:
             self._send_args(slot)
         if self.config.monitoring.enabled:  # while the workers boot: it answers in every state, "starting" too
-            from shardbroker.cluster.monitor import Monitor
+            from shardbroker.cluster.monitoring.endpoints import Monitor
 
             self.monitor = Monitor(self)
             await self.monitor.start(sock=self._monitor_sock)
@@ -596,7 +599,7 @@ class Supervisor:
         return True
 
     def _move(self, src: WorkerSlot, msg: dict, fds: list[int]) -> None:
-        """A worker gives one of its connections to another (workers/moves.py): hand it to ``to`` if that one is
+        """A worker gives one of its connections to another (workers/protocols/ndjson/moves.py): hand it to ``to`` if that one is
         ready and the broker is running as usual, else back to the worker that sent it."""
         for fd in fds[1:]:
             os.close(fd)

@@ -20,16 +20,16 @@ from typing import Awaitable, Callable
 
 from shardbroker.router.subjects import is_valid_literal, is_valid_pattern
 
-from shardbroker.workers import admin
-from shardbroker.workers import ndjson_codec as codec
+from shardbroker.workers.protocols.ndjson import admin
+from shardbroker.workers.protocols.ndjson import codec
 from shardbroker.workers.auth import RateLimited
 from shardbroker.workers.connection import Connection
 from shardbroker.workers.hub import Hub
 from shardbroker.workers.subscription import Subscription
 from shardbroker.workers.message import KIND_JSON
 from shardbroker.workers.speedups import ndjson_runs
-from shardbroker.workers.workqueues.ndjson_ops import OPS as QUEUE_OPS
-from shardbroker.workers.workqueues.ndjson_ops import PUSH, flush_pushes, push_run
+from shardbroker.workers.protocols.ndjson.queue_verbs import OPS as QUEUE_OPS
+from shardbroker.workers.protocols.ndjson.queue_verbs import PUSH, flush_pushes, push_run
 
 log = logging.getLogger("broker.ndjson")
 
@@ -101,7 +101,7 @@ class NdjsonSession(Connection):
                 asyncio.ensure_future(self._claim_certificate_user(mapped))
 
     def arrived(self, state: dict) -> None:
-        """Taken over from another worker (workers/moves.py): who it is, and what it sent that was not processed
+        """Taken over from another worker (workers/protocols/ndjson/moves.py): who it is, and what it sent that was not processed
         there, which goes before anything read here."""
         self.movable = False
         self.started = state["started"]

@@ -58,7 +58,7 @@ class Admission:
         self._by_address[address] = self._by_address.get(address, 0) + 1
 
     def moved(self, cid: int, worker: int) -> None:
-        """Connection ``cid`` went to another worker (workers/moves.py)."""
+        """Connection ``cid`` went to another worker (workers/protocols/ndjson/moves.py)."""
         live = self._live.get(cid)
         if live is not None:
             live.worker = worker

@@ -2,7 +2,7 @@
 
 The acceptor owns the listening sockets; it accepts and hands every connection to a worker (``handoff``), which
 adopts the fd.  Which worker is the supervisor's choice (fewest live connections, or the listener's ``home``).
-Over a connection limit (cluster.admission) a client gets the protocol's own refusal line and is closed here.
+Over a connection limit (cluster.supervisor.admission) a client gets the protocol's own refusal line and is closed here.
 
 Out of file descriptors (EMFILE, ENFILE) the pending connection stays in the kernel's backlog, so the listener stays
 readable: accepting again at once would spin the event loop at 100 % CPU and log a line each time.  So that
@@ -31,7 +31,7 @@ class Listener:
     protocol: str            # "ndjson", "nats", ... : which codec the worker puts on the connection
     sock: socket.socket
     refusal: bytes = b""     # written before closing a connection over the limit
-    refusals: dict[str, bytes] = field(default_factory=dict)   # by limit (cluster.admission), where not ``refusal``
+    refusals: dict[str, bytes] = field(default_factory=dict)   # by limit (cluster.supervisor.admission), where not ``refusal``
     home: int | None = None  # the worker its connections go to while that one is ready (qlite: its queue's owner)
     # Where it listens, read once: in lame duck the socket is closed, and monitoring still reports the address.
     address: tuple[str, int] = field(init=False)

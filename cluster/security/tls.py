@@ -23,8 +23,8 @@ import tempfile
 import time
 from typing import Callable, Iterator
 
-from shardbroker.cluster import protocols
-from shardbroker.cluster.certnames import describe
+from shardbroker.cluster.config import protocols
+from shardbroker.cluster.config.certnames import describe
 from shardbroker.cluster.config import TLS_LISTENERS, Config, TlsSettings, tls_settings
 
 Material = dict[str, str]   # path -> the PEM text it held when read

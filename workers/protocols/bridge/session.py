@@ -11,7 +11,7 @@ any message on their subject, from any protocol, as chunks and the end marker.
 
 from __future__ import annotations
 
-from shardbroker.workers import bridge_codec as codec
+from shardbroker.workers.protocols.bridge import codec
 from shardbroker.workers.connection import Connection
 from shardbroker.workers.hub import Hub
 from shardbroker.workers.subscription import Subscription

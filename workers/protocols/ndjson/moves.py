@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 
 class Session(Protocol):
-    """What a move needs of an NDJSON session (``workers.ndjson.NdjsonSession``)."""
+    """What a move needs of an NDJSON session (``workers.protocols.ndjson.session.NdjsonSession``)."""
 
     hub: Any
     cid: int

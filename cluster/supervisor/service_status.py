@@ -18,7 +18,7 @@ import logging
 import time
 from typing import Any, Callable, Protocol
 
-from shardbroker.cluster.systemd import Notifier
+from shardbroker.cluster.supervisor.systemd import Notifier
 
 log = logging.getLogger("broker.systemd")
 
@@ -29,7 +29,7 @@ PROGRESS_WINDOW = 5.0          # a drain whose count has not fallen for this lon
 
 
 class Cluster(Protocol):
-    """What this reads of the supervisor (cluster.supervisor.Supervisor), named here: it imports this."""
+    """What this reads of the supervisor (cluster.supervisor.core.Supervisor), named here: it imports this."""
 
     state: str                   # "starting", "ready", "reloading", "lame duck", "stopping"
     nworkers: int

@@ -2,7 +2,7 @@
 
 1. Read the file again with the command line's overrides, and check it as a start would (not its directories:
    the keys naming them need a restart anyway); read the TLS certificates and keys it names, and make their
-   contexts (cluster.tls).  Renewed certificates under the same names are taken this way too.
+   contexts (cluster.security.tls).  Renewed certificates under the same names are taken this way too.
 2. Diff it against the running configuration, key by key.
 3. If a key that cannot change at run time changed, nothing is applied: the running configuration stays, and the
    answer (log, ``brokerctl reload``, the systemd status line) names each such key.  A start reads it later.
@@ -22,7 +22,8 @@ import logging
 import time
 from typing import Any, Protocol
 
-from shardbroker.cluster import systemd, tls
+from shardbroker.cluster.supervisor import systemd
+from shardbroker.cluster.security import tls
 from shardbroker.cluster.config import Config, ConfigError, document, load, without_plaintext_passwords
 
 log = logging.getLogger("broker.reload")
@@ -41,7 +42,7 @@ _ACK_TIMEOUT = 10.0
 
 
 class Cluster(Protocol):
-    """What a reload needs of the supervisor (cluster.supervisor.Supervisor), named here: it imports this."""
+    """What a reload needs of the supervisor (cluster.supervisor.core.Supervisor), named here: it imports this."""
 
     config: Config
     notifier: systemd.Notifier

@@ -24,9 +24,9 @@ import orjson
 
 from shardbroker.router.subjects import is_valid_literal
 
-from shardbroker.cluster import certnames, passwords
-from shardbroker.cluster.permissions import PermissionFormatError, Permissions
-from shardbroker.cluster.protocols import BY_NAME, LISTENERS
+from shardbroker.cluster.config import certnames, passwords
+from shardbroker.cluster.config.permissions import PermissionFormatError, Permissions
+from shardbroker.cluster.config.protocols import BY_NAME, LISTENERS
 
 
 class ConfigError(Exception):
@@ -79,7 +79,7 @@ class ListenerTlsConfig:
 
 # false: plain TCP; true: the shared ``tls`` section; an object: that section with the object's keys over it
 ListenerTls = Union[bool, ListenerTlsConfig]
-TLS_LISTENERS = LISTENERS   # listener -> its configuration section (cluster/protocols.py)
+TLS_LISTENERS = LISTENERS   # listener -> its configuration section (cluster/config/protocols.py)
 
 
 @dataclass(frozen=True)
@@ -247,7 +247,7 @@ class QueuesConfig:
     max_queues_per_user: int = field(default=1_000, metadata=_meta(1, 10_000_000))
     forget_idle: float = field(default=600.0, metadata=_meta(1, 86400))
     # An NDJSON connection whose first queue request is for a queue another worker owns moves there
-    # (workers/moves.py), so that its requests do not cross between workers
+    # (workers/protocols/ndjson/moves.py), so that its requests do not cross between workers
     move_connections: bool = True
 
 
@@ -403,7 +403,7 @@ def _check(config: Config) -> None:
     _check_tls(config)
 
 
-# -- TLS: which listeners have it, and with what (cluster/tls.py makes the contexts, and reads the files) --------
+# -- TLS: which listeners have it, and with what (cluster/security/tls.py makes the contexts, and reads the files) --------
 
 def tls_settings(config: Config, listener: str) -> TlsSettings | None:
     """The TLS ``listener`` ("ndjson", "nats", ... : ``TLS_LISTENERS``) runs with, or None: plain TCP."""
@@ -464,7 +464,7 @@ def _check_tls(config: Config) -> None:
                 seen[form] = user.username
 
 
-# -- the configured users: what the file may say about them (cluster.users builds the registry from it) ---------
+# -- the configured users: what the file may say about them (cluster.security.users builds the registry from it) ---------
 
 _USER_NAME = re.compile(r"^[^\s\x00-\x1f\x7f]{1,128}$")
 

@@ -25,7 +25,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily,
                                             InfoMetricFamily, Metric)
 
-from shardbroker.cluster.processes import ProcessSample
+from shardbroker.cluster.monitoring.processes import ProcessSample
 
 MAX_QUEUE_SERIES = 1000   # work queues exported by name: the busiest ones, beyond that (clients name queues)
 
@@ -52,7 +52,7 @@ class Scrape:
     max_connections: int
     max_pending_bytes: int
     queues: list[dict] = field(default_factory=list)   # /queuez rows (with "owner")
-    breaches: dict[str, int] = field(default_factory=dict)   # the supervisor's: connection limits (cluster.admission)
+    breaches: dict[str, int] = field(default_factory=dict)   # the supervisor's: connection limits (cluster.supervisor.admission)
     accept_errors: int = 0
     tls: dict[str, int] = field(default_factory=dict)   # the supervisor's TLS handshakes (monitoring), by outcome
     tls_not_after: dict[str, float] = field(default_factory=dict)   # listener -> when its certificate expires

@@ -41,7 +41,7 @@ def _order(member: Member) -> tuple:
     return member[:4]   # a user of None sorts with names
 
 
-class QueueTable:
+class GroupTable:
     def __init__(self, index: int) -> None:
         self.index = index
         self.trie = Sublist()

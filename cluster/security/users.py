@@ -18,10 +18,10 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from shardbroker.cluster import certnames, passwords
+from shardbroker.cluster.config import certnames, passwords
 # The configuration owns what a file may say about users (and checks it at load); this module builds on it.
 from shardbroker.cluster.config import SecurityConfig, configured_users
-from shardbroker.cluster.permissions import Permissions
+from shardbroker.cluster.config.permissions import Permissions
 
 
 @dataclass
@@ -33,7 +33,7 @@ class User:
     token: bool = False     # NATS clients may present its password as CONNECT auth_token
     # The configuration's, in plaintext: qlite's handshake needs it (docs/qlite.md).  Never in a repr or a log.
     qlite_secret: str | None = field(default=None, repr=False)
-    # The names a client certificate may prove to log in as this user (tls.verify_and_map; cluster.certnames).
+    # The names a client certificate may prove to log in as this user (tls.verify_and_map; cluster.config.certnames).
     # A user with these and no password has an empty ``password_hash``: no password logs it in.
     cert_names: tuple[str, ...] = ()
 
@@ -68,7 +68,7 @@ class Registry:
 
     def by_certificate(self, peercert: dict | None) -> tuple[User, str] | None:
         """The user the first name a verified client certificate proves belongs to (in nats-server's order:
-        cluster.certnames), and that name; None if no user holds any of them."""
+        cluster.config.certnames), and that name; None if no user holds any of them."""
         if self._by_cert is None:
             index: dict[tuple[str, str], str] = {}
             for user in self.users.values():

@@ -1,0 +1,3 @@
+"""The supervisor: binds the listeners, starts and watches the workers, hands them connections, and talks to
+systemd and to ``brokerctl`` (``core`` holds ``Supervisor``; ``acceptor``, ``admission``, ``launch``, ``reload``,
+``lameduck``, ``systemd``, ``service_status``, ``command_socket``, ``datadir`` its parts)."""

@@ -1,0 +1,1 @@
+"""Bridge's small binary protocol (docs/bridge.md)."""
