@@ -405,7 +405,8 @@ def bench(scenarios: str, peers: str, protocols: str, payload: int, duration: fl
     import time
 
     from shardbroker.cli.bench import report
-    from shardbroker.cli.bench.scenarios import Bench, Options, scenarios as catalog
+    from shardbroker.cli.bench.runner import Bench, Options
+    from shardbroker.cli.bench.scenarios import scenarios as catalog
 
     names = [s for s in scenarios.split(",") if s]
     unknown = [s for s in names if s not in catalog(nn, wide, rate, connections)]

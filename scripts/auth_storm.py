@@ -23,7 +23,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from shardbroker.cli.bench.scenarios import percentiles  # noqa: E402
+from shardbroker.cli.bench.measure import percentiles  # noqa: E402
 from shardbroker.cli.bench.servers import start_broker  # noqa: E402
 from shardbroker.cli.client import AsyncClient  # noqa: E402
 

@@ -25,9 +25,6 @@ OVER_LIMIT = {
     "cluster/supervisor/core.py": 753,
     "cluster/config/__init__.py": 730,
     "workers/workqueues/journal.py": 691,
-    "cli/loadtest/task.py": 689,
-    "cli/top/model.py": 659,
-    "cli/bench/scenarios.py": 584,
     "router/fabric.py": 531,
 }
 

@@ -18,23 +18,23 @@ import time
 
 import pytest
 
-from shardbroker.cli.top import model
+from shardbroker.cli.top import endpoint, formatting, model, views
 from harness import REPO, Broker, Raw
 
 
 # -- the computations, on canned answers ----------------------------------------------------------------------
 
 def test_monitor_url_takes_a_url_a_host_port_or_a_port():
-    assert model.monitor_url(None, None) == "http://127.0.0.1:8222"
-    assert model.monitor_url("9000", None) == "http://127.0.0.1:9000"
-    assert model.monitor_url("10.0.0.5:8222", None) == "http://10.0.0.5:8222"
-    assert model.monitor_url("http://mon.example/", None) == "http://mon.example:8222"
-    assert model.monitor_url(None, "10.1.2.3") == "http://10.1.2.3:8222"
-    assert model.monitor_url(None, "::1") == "http://[::1]:8222"
+    assert endpoint.monitor_url(None, None) == "http://127.0.0.1:8222"
+    assert endpoint.monitor_url("9000", None) == "http://127.0.0.1:9000"
+    assert endpoint.monitor_url("10.0.0.5:8222", None) == "http://10.0.0.5:8222"
+    assert endpoint.monitor_url("http://mon.example/", None) == "http://mon.example:8222"
+    assert endpoint.monitor_url(None, "10.1.2.3") == "http://10.1.2.3:8222"
+    assert endpoint.monitor_url(None, "::1") == "http://[::1]:8222"
     with pytest.raises(ValueError):
-        model.monitor_url("ftp://x", None)
-    assert model.is_local("http://127.0.0.1:8222") and model.is_local("http://localhost:1")
-    assert not model.is_local("http://10.0.0.5:8222")
+        endpoint.monitor_url("ftp://x", None)
+    assert endpoint.is_local("http://127.0.0.1:8222") and endpoint.is_local("http://localhost:1")
+    assert not endpoint.is_local("http://10.0.0.5:8222")
 
 
 def test_rates_restart_from_a_counter_that_went_back_instead_of_going_negative():
@@ -55,20 +55,20 @@ def test_rates_restart_from_a_counter_that_went_back_instead_of_going_negative()
 def test_sort_rows_puts_numbers_biggest_first_names_a_to_z_and_missing_values_last():
     rows = [{"cid": 1, "msgs_to": 5, "name": "b"}, {"cid": 2, "msgs_to": None, "name": "a"},
             {"cid": 3, "msgs_to": 9, "name": "c"}]
-    view = model.CONNECTIONS
-    assert [r["cid"] for r in model.sort_rows(rows, view, "msgs_to")] == [3, 1, 2]
-    assert [r["cid"] for r in model.sort_rows(rows, view, "msgs_to", reverse=True)] == [1, 3, 2]
-    assert [r["cid"] for r in model.sort_rows(rows, view, "name")] == [2, 1, 3]
-    assert [r["cid"] for r in model.sort_rows(rows, view, "cid")] == [1, 2, 3]
+    view = views.CONNECTIONS
+    assert [r["cid"] for r in views.sort_rows(rows, view, "msgs_to")] == [3, 1, 2]
+    assert [r["cid"] for r in views.sort_rows(rows, view, "msgs_to", reverse=True)] == [1, 3, 2]
+    assert [r["cid"] for r in views.sort_rows(rows, view, "name")] == [2, 1, 3]
+    assert [r["cid"] for r in views.sort_rows(rows, view, "cid")] == [1, 2, 3]
 
 
 def test_human_numbers():
-    assert model.human(None, "int") == "-"
-    assert model.human(0, "bytes") == "0"
-    assert model.human(1536, "bytes") == "1.5K"
-    assert model.human(2_500_000, "rate") == "2.5M"
-    assert model.human(0.0042, "secs") == "4.2ms"
-    assert model.human(1536, "bytes", raw=True) == "1536"
+    assert formatting.human(None, "int") == "-"
+    assert formatting.human(0, "bytes") == "0"
+    assert formatting.human(1536, "bytes") == "1.5K"
+    assert formatting.human(2_500_000, "rate") == "2.5M"
+    assert formatting.human(0.0042, "secs") == "4.2ms"
+    assert formatting.human(1536, "bytes", raw=True) == "1536"
 
 
 class FakeClient:
@@ -94,8 +94,8 @@ class FakeClient:
         if path == "/connz":
             sort = query.get("sort")
             if sort is not None and self.sorts:
-                if sort not in model.NATS_CONN_SORT.values():
-                    raise model.BadRequest("400 invalid sorting option")
+                if sort not in views.NATS_CONN_SORT.values():
+                    raise endpoint.BadRequest("400 invalid sorting option")
                 conns = sorted(self.conns, key=lambda c: -c["out_msgs"])
             else:
                 conns = self.conns  # a broker that ignores sort= pages by cid
@@ -128,8 +128,9 @@ def test_the_drill_down_matches_every_subscription_pattern_of_every_connection()
 
 
 def test_brokerctl_start_does_not_import_textual_and_once_does_not_either():
-    code = ("import sys; import cli.main; "
-            "loaded = [m for m in sys.modules if m.split('.')[0] in ('textual', 'rich') or m == 'cli.top.model']; "
+    code = ("import sys; import shardbroker.cli.main; "
+            "loaded = [m for m in sys.modules if m.split('.')[0] in ('textual', 'rich') "
+            "or m.startswith('shardbroker.cli.top.')]; "
             "assert not loaded, loaded")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=30)
 
@@ -227,7 +228,7 @@ def monitor(broker: Broker) -> str:
 
 def top_once(broker: Broker, *args: str) -> subprocess.CompletedProcess:
     """``brokerctl top --once ...`` in a fresh interpreter that then says whether textual was imported."""
-    code = ("import sys\nfrom cli.main import cli\n"
+    code = ("import sys\nfrom shardbroker.cli.main import cli\n"
             "try:\n    cli(sys.argv[1:], prog_name='brokerctl')\n"
             "except SystemExit as e:\n    code = e.code\n"
             "sys.stderr.write('textual imported\\n' if 'textual' in sys.modules else '')\nsys.exit(code)\n")
@@ -270,7 +271,7 @@ def test_once_csv_prints_the_chosen_view_sorted(live):
     res = top_once(broker, "--format", "csv", "--view", "connections", "--sort", "msgs_to", "-d", "0.5")
     assert res.returncode == 0 and "textual imported" not in res.stderr, res.stderr
     rows = list(csv.DictReader(io.StringIO(res.stdout)))
-    assert [c.key for c in model.CONNECTIONS.columns] == list(rows[0].keys())
+    assert [c.key for c in views.CONNECTIONS.columns] == list(rows[0].keys())
     assert len(rows) == 4
     msgs_to = [int(r["msgs_to"]) for r in rows]
     assert msgs_to == sorted(msgs_to, reverse=True) and msgs_to[0] > 0
@@ -338,7 +339,7 @@ def test_pilot_workers_subjects_drill_down_to_subscribers_and_connections(live):
 async def pilot_session(broker: Broker, traffic: Traffic) -> None:
     from shardbroker.cli.top.app import TopApp
 
-    poller = model.Poller(model.Client(monitor(broker)), interval=0.5, limit=50)
+    poller = model.Poller(endpoint.Client(monitor(broker)), interval=0.5, limit=50)
     app = TopApp(poller)
     shots = os.environ.get("TOP_SCREENSHOT")
     async with app.run_test(size=(160, 24)) as pilot:
@@ -418,7 +419,7 @@ def test_in_a_real_terminal_the_table_shows_the_workers(live, tmp_path):
     session = f"top-test-{os.getpid()}"
     env = {k: v for k, v in os.environ.items() if k != "TMUX"}
     socket_name = ["-L", session]   # a private tmux server: nothing of the user's is touched
-    cmd = f"{sys.executable} -m cli top -m {monitor(broker)} -d 0.5; echo TOP-EXITED=$?; sleep 30"
+    cmd = f"{sys.executable} -m shardbroker.cli top -m {monitor(broker)} -d 0.5; echo TOP-EXITED=$?; sleep 30"
     subprocess.run(["tmux", *socket_name, "new-session", "-d", "-s", session, "-x", "160", "-y", "45",
                     "-c", str(REPO), cmd], check=True, env=env, timeout=10)
 
@@ -483,7 +484,7 @@ def test_polling_at_1_hz_costs_the_broker_little(start_broker):
         seconds = 3.0
         costs = {}
         for view in (None, "workers", "connections", "drill"):
-            poller = model.Poller(model.Client(monitor(broker)), limit=50)
+            poller = model.Poller(endpoint.Client(monitor(broker)), limit=50)
             before, start = broker_cpu_seconds(broker), time.monotonic()
             while time.monotonic() - start < seconds:
                 if view == "drill":
@@ -521,4 +522,4 @@ def test_client_chosen_names_and_subjects_reach_the_terminal_escaped(start_broke
                 in res.stdout, res.stdout
     finally:
         s.close()
-    assert model.human("a\x1bb\x00", "str") == "a\\x1bb\\x00"
+    assert formatting.human("a\x1bb\x00", "str") == "a\\x1bb\\x00"

@@ -7,31 +7,33 @@ The four agreements of a run (see docs/loadtest.md):
      with late subscribers, allGather #3 tells each where its expected messages begin;
   4. subscribers drain until complete or ``drain_timeout``, then everyone returns its rows.
 ``allGather`` blocks, so it runs in a thread while the loop keeps reading.
+
+The task's roles and its interval rows are in their own modules (cli/loadtest/publisher.py,
+cli/loadtest/subscriber.py, cli/loadtest/intervals.py), mixed into ``TaskRun``; this module keeps what every task
+does (setup, the agreements, clock probes, the result rows) and the function Spark runs, ``run_partition``, which
+Spark pickles by reference: it must stay importable here at module level.
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
 import os
 import socket
 import time
-from array import array
 
 import orjson
 
-from shardbroker.cli.loadtest import frame
-from shardbroker.cli.loadtest.accounting import Bitmap, GroupMember, OrderedTracker
-from shardbroker.cli.loadtest.conns import Conn, QueueConn, Sink, open_conn
+from shardbroker.cli.loadtest.accounting import GroupMember, OrderedTracker
+from shardbroker.cli.loadtest.conns import Conn, Sink, open_conn
 from shardbroker.cli.loadtest.clock import Clock
+from shardbroker.cli.loadtest.intervals import Intervals
 from shardbroker.cli.loadtest.plan import clock_subject, split_endpoint
+from shardbroker.cli.loadtest.publisher import PubConn, Publisher
 from shardbroker.cli.loadtest.recorder import Recorder
-from shardbroker.cli.loadtest.schedule import Schedule
+from shardbroker.cli.loadtest.subscriber import SubConn, Subscriber
 
 _now = time.monotonic_ns
-MAX_BATCH = 2000            # messages per connection per write; more stay due (late, so they show as lag)
 START_MARGIN_S = 1.5
-QUIET_S = 0.5               # a queue group's member is drained after this long without a delivery
 
 
 def run_partition(iterator):
@@ -61,34 +63,7 @@ def _boot_id() -> str:
         return socket.gethostname()
 
 
-class PubConn:
-    __slots__ = ("spec", "conn", "pub_id", "subject", "seq", "schedule", "batch_t", "batch_seq", "confirmed")
-
-    def __init__(self, spec: dict) -> None:
-        self.spec = spec
-        self.conn: Conn | None = None
-        self.pub_id = spec["pub_id"]
-        self.subject = spec["subject"].encode()
-        self.seq = 0
-        self.schedule: Schedule | None = None
-        self.batch_t = array("q")        # write time and first sequence number of every batch: where a late
-        self.batch_seq = array("q")      # subscriber's expected messages begin is found by bisection
-        self.confirmed = Bitmap()
-
-
-class SubConn:
-    __slots__ = ("spec", "conn", "index", "t_conf", "first", "last_delivery")
-
-    def __init__(self, spec: dict, index: int) -> None:
-        self.spec = spec
-        self.conn: Conn | None = None
-        self.index = index
-        self.t_conf = 0          # when the subscription was confirmed (late subscribers)
-        self.first: dict[int, int] = {}
-        self.last_delivery = 0
-
-
-class TaskRun(Sink):
+class TaskRun(Publisher, Subscriber, Intervals, Sink):
     def __init__(self, spec: dict, gather, attempt: int, executor: str) -> None:
         self.spec = spec
         self.gather_fn = gather
@@ -319,305 +294,6 @@ class TaskRun(Sink):
                                     "sub_host": socket.gethostname(), "offset_ns": offset, "bound_ns": bound,
                                     "drift_ns_per_s": 0.0, "probes": probes})
         self.probed.clear()
-
-    def first_seqs(self, late: dict[str, int]) -> dict:
-        """For each late subscription: the first sequence number of each of our publishers that it must get."""
-        out = {}
-        for key, t_conf in late.items():
-            task = int(key.partition(":")[0])
-            t_local = t_conf + self.offsets.get(task, 0)
-            firsts = {}
-            for p in self.pubs:
-                i = bisect.bisect_left(p.batch_t, t_local)
-                firsts[str(p.pub_id)] = p.batch_seq[i] if i < len(p.batch_seq) else p.seq
-            out[key] = firsts
-        return out
-
-    async def intervals(self) -> None:
-        while True:
-            end = self.t0 + (self.rec.index + 1) * self.interval_ns
-            await asyncio.sleep(max(0.0, (end - _now()) / 1e9))
-            # Shielded: cancelling the ticker at the end must not lose an interval half rolled.
-            self._rolling = asyncio.ensure_future(self.roll_async())
-            self.progress(await asyncio.shield(self._rolling))
-
-    async def roll_async(self) -> dict:
-        steps = self.rec.roll_steps(self._close_counters())
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                return done.value
-            await asyncio.sleep(0)
-
-    def roll(self) -> dict:
-        return self.rec.roll(self._close_counters())
-
-    def _close_counters(self) -> float:
-        """Fills the current interval's counters that are not counted as they happen: what the plan meant to send in
-        it (the open model's target) and the bytes; returns the CPU use since the last interval."""
-        if self.publishing and not self.closed_model:
-            lo = self.t0 + self.rec.index * self.interval_ns
-            self.rec.cur.target = sum(p.schedule.planned(lo, lo + self.interval_ns) for p in self.pubs
-                                      if p.schedule is not None)
-        out = sum(c.bytes_out for c in self.all_conns)
-        inb = sum(c.bytes_in for c in self.all_conns)
-        self.rec.cur.bytes_out, self.rec.cur.bytes_in = out - self.bytes_counted[0], inb - self.bytes_counted[1]
-        self.bytes_counted = (out, inb)
-        pct = self.cpu_pct()
-        if self.rec.phase(self.rec.index) == "measure":
-            # Only whole measure-phase intervals decide `generator_bound`: the last, partial interval (closed
-            # after the drain) can be a few ms of wall time, and a few ms of closing work read as 100 % of a core.
-            self.cpu_peak = max(self.cpu_peak, pct)
-        return pct
-
-    def cpu_pct(self) -> float:
-        """This process's CPU since the last call, in % of one core."""
-        cpu, t = self.proc.cpu_times(), time.monotonic()
-        pct = 100.0 * ((cpu.user + cpu.system) - self._cpu_last) / max(1e-6, t - self._t_last)
-        self._cpu_last, self._t_last = cpu.user + cpu.system, t
-        return pct
-
-    def progress(self, row: dict) -> None:
-        where = self.spec.get("progress")
-        if not where:
-            return
-        msg = {"task": self.spec["task"], "workload": self.w["name"], "role": self.role, "i": row["interval"],
-               "sent": row["sent"], "acked": row["acked"], "received": row["received"],
-               "p99": self.rec.last_p99_us}
-        try:
-            with socket.socket(socket.AF_INET6 if ":" in where[0] else socket.AF_INET, socket.SOCK_DGRAM) as s:
-                s.sendto(orjson.dumps(msg), (where[0], where[1]))
-        except OSError:
-            pass    # progress is a courtesy; the rows carry the results
-
-    # ---- publishers ---------------------------------------------------------------------------------------
-    async def publish(self) -> None:
-        stages = [tuple(s) for s in self.spec["stages"]]
-        poisson = self.w["arrival"] == "poisson"
-        for p in self.pubs:
-            p.schedule = Schedule(self.t0, stages, p.spec["share"], poisson, self.spec["seed"] * 1_000_003 + p.pub_id)
-        tick = self.spec["tick"]
-        if self.closed_model:
-            end = self.t0 + int((self.spec["warmup"] + self.spec["duration"]) * 1e9)
-            for p in self.pubs:
-                self._refill(p)
-            while _now() < end:
-                await asyncio.sleep(min(0.05, (end - _now()) / 1e9))
-                for p in self.pubs:
-                    if p.conn is None or p.conn.closed.done():
-                        await self.reconnect_pub(p)
-            self.stopping = True
-            return
-        size = self.w["size"]
-        while True:
-            now = _now()
-            left = False
-            for p in self.pubs:
-                if p.schedule.next is None:
-                    continue
-                left = True
-                conn = p.conn
-                if conn is None or conn.closed.done():
-                    await self.reconnect_pub(p)
-                    continue
-                if conn.paused:
-                    continue      # the socket is full: the schedule runs on, and the lag will show
-                due = p.schedule.due(now, MAX_BATCH)
-                if due:
-                    self._send(p, due, size)
-            if not left:
-                return
-            await asyncio.sleep(tick)     # >= 1 ms (scenario.py): uvloop rounds a shorter sleep to 0, a spin
-
-    def _send(self, p: PubConn, due: list[int], size: int) -> None:
-        first = p.seq
-        items = [(p.pub_id, first + i, t) for i, t in enumerate(due)]
-        p.seq += len(due)
-        t_w = _now()
-        p.conn.publish(p.subject, items, size)
-        p.batch_t.append(t_w)
-        p.batch_seq.append(first)
-        cur = self.rec.cur
-        cur.sent += len(due)
-        lag = cur.send_lag
-        for t in due:
-            lag.append((t_w - t) // 1000)
-
-    def _refill(self, p: PubConn) -> None:
-        """Closed model: top the connection up to its window; intended time = now (not coordinated-omission safe)."""
-        if p.conn is None or p.conn.closed.done():
-            return
-        want = self.w["window"] - len(p.conn.pending)
-        if want > 0:
-            now = _now()
-            self._send(p, [now] * want, self.w["size"])
-
-    async def reconnect_pub(self, p: PubConn) -> None:
-        if p.conn is not None:
-            p.conn = None
-            self.reconnects += 1
-        try:
-            p.conn = await self.connect(self.pubs.index(p), self.closed_model and self.protocol == "nats")
-        except (OSError, asyncio.TimeoutError, ConnectionError) as exc:
-            self.error(f"reconnect failed: {type(exc).__name__}: {exc}")
-            await asyncio.sleep(0.2)
-            return
-        if self.closed_model:
-            self._refill(p)
-
-    async def settle(self) -> None:
-        """After the last send: wait (up to drain_timeout) for the replies still due, so acks are complete."""
-        deadline = time.monotonic() + self.spec["drain_timeout"]
-        while time.monotonic() < deadline:
-            if all(p.conn is None or p.conn.closed.done() or not p.conn.pending for p in self.pubs):
-                return
-            await asyncio.sleep(0.01)
-
-    # ---- subscribers and consumers ------------------------------------------------------------------------
-    async def receive(self) -> None:
-        tasks = []
-        if any(s.spec["late"] for s in self.subs):
-            tasks.append(asyncio.create_task(self.join_late()))
-        if self.protocol == "queue":
-            tasks += [asyncio.create_task(self.consume(s)) for s in self.subs]
-        tasks.append(asyncio.create_task(self.watch()))
-        try:
-            await asyncio.gather(*tasks)
-        finally:
-            for t in tasks:
-                t.cancel()
-
-    async def join_late(self) -> None:
-        at = self.t0 + int((self.spec["warmup"] + self.w["late_after"]) * 1e9)
-        await asyncio.sleep(max(0.0, (at - _now()) / 1e9))
-        for s in self.subs:
-            if s.spec["late"]:
-                await s.conn.subscribe(s.spec["subject"], s.spec["group"], self.spec["setup_timeout"])
-                s.t_conf = _now()
-
-    async def watch(self) -> None:
-        """Reconnects subscribers whose connection dropped (a broker worker killed, say) and subscribes again."""
-        while not self.stopping:
-            await asyncio.sleep(0.05)
-            for s in self.subs:
-                if s.conn is not None and s.conn.closed.done() and not self.stopping:
-                    self.reconnects += 1
-                    try:
-                        s.conn = await self.connect(s.index, False)
-                        if not s.spec["late"] or s.t_conf:
-                            await s.conn.subscribe(s.spec["subject"], s.spec["group"], self.spec["setup_timeout"])
-                    except (OSError, asyncio.TimeoutError, ConnectionError) as exc:
-                        self.error(f"reconnect failed: {type(exc).__name__}: {exc}")
-
-    async def consume(self, s: SubConn) -> None:
-        q = self.w["queue"]
-        recv = {"op": "qrecv", "queue": s.spec["subject"], "max": q["batch"], "wait_ms": int(q["wait"] * 1000),
-                "visibility_ms": int(q["visibility"] * 1000)}
-        timeout = q["wait"] + self.spec["setup_timeout"]
-        abandon = int(q["abandon"] * 1_000_000)
-        acks: set[asyncio.Task] = set()
-        while not self.stopping:
-            conn = s.conn
-            if not isinstance(conn, QueueConn) or conn.closed.done():
-                await asyncio.sleep(0.05)     # watch() reconnects it
-                continue
-            try:
-                reply, t_recv = await conn.call(recv, timeout)
-            except (ConnectionError, asyncio.TimeoutError) as exc:
-                self.error(f"qrecv: {type(exc).__name__}")
-                continue
-            if not reply.get("ok"):
-                self.error(f"qrecv: {reply.get('error')}")
-                await asyncio.sleep(0.05)
-                continue
-            receipts, owners = [], []
-            cur = self.rec.cur
-            for m in reply["messages"]:
-                pub_id, seq, t_int, t_w = frame.parse_text(m["data"])
-                key = (s.index, pub_id)
-                member = self.members.get(key)
-                if member is None:
-                    member = self.members[key] = GroupMember()
-                member.deliveries += 1
-                member.seen.set(seq)
-                cur.received += 1
-                if m["deliveries"] > 1:
-                    member.redelivered_reported += 1
-                    cur.redelivered += 1
-                else:
-                    # Latency of first deliveries only: a redelivery's lateness is the lease, by design.
-                    self._latency(cur, pub_id, t_int, t_w, t_recv)
-                    if abandon and (pub_id * 1_000_003 + seq * 7919) % 1_000_000 < abandon:
-                        continue      # let this lease expire: the broker must deliver it again
-                receipts.append(m["receipt"])
-                owners.append((member, seq))
-            s.last_delivery = t_recv
-            if receipts:
-                ack = asyncio.create_task(self._ack(conn, s.spec["subject"], receipts, owners))
-                acks.add(ack)
-                ack.add_done_callback(acks.discard)
-        if acks:
-            await asyncio.gather(*acks, return_exceptions=True)
-
-    async def _ack(self, conn: QueueConn, queue: str, receipts: list[str], owners: list) -> None:
-        try:
-            reply, _ = await conn.call({"op": "qack", "queue": queue, "receipts": receipts},
-                                       self.spec["setup_timeout"])
-        except (ConnectionError, asyncio.TimeoutError):
-            self.error("qack: no reply (connection lost)")
-            return
-        results = reply.get("results")
-        if not reply.get("ok") or results is None:
-            self.error(f"qack: {reply.get('error')}")
-            return
-        for (member, seq), r in zip(owners, results):
-            if r.get("ok") and not r.get("purged"):
-                # already_acked: this very ack was journaled, and its reply lost with the queue's owner (killed);
-                # the consumer's worker sent it again to the replacement.  Acked, and not a second success.
-                member.acked.set(seq)
-                if not r.get("already_acked"):
-                    member.acks_ok += 1
-            elif not r.get("ok"):
-                self.error(f"qack: {r.get('error')}")
-
-    async def drain(self, finals: dict[int, list]) -> None:
-        """Until every expected message arrived (ordered), the group went quiet, or the queue is empty."""
-        deadline = _now() + int(self.spec["drain_timeout"] * 1e9)
-        expected = {}
-        for s in self.subs:
-            for pub_id, (subj, final) in finals.items():
-                if subj == s.spec["subject"]:
-                    expected[(s.index, pub_id)] = final
-        while _now() < deadline:
-            if self.protocol == "queue":
-                if await self.queues_empty():
-                    return
-                await asyncio.sleep(0.1)
-                continue
-            if self.grouped:
-                last = max((s.last_delivery for s in self.subs), default=0)
-                if _now() - max(last, self.t_end()) > QUIET_S * 1e9:
-                    return
-            elif all(self.trackers.get(k) is not None and self.trackers[k].complete(f) for k, f in expected.items()):
-                return
-            await asyncio.sleep(0.02)
-
-    async def queues_empty(self) -> bool:
-        """Every queue this task consumes holds nothing: no visible, leased or delayed message."""
-        for queue in sorted({s.spec["subject"] for s in self.subs}):
-            try:
-                if self.control.closed.done():
-                    self.control = await self.connect(len(self.subs), False)
-                reply, _ = await self.control.call({"op": "qstat", "queue": queue}, 5)
-            except (OSError, asyncio.TimeoutError):
-                return False
-            if reply.get("ok") and (reply.get("stat") or {}).get("messages", 1) != 0:
-                return False
-        return True
-
-    def t_end(self) -> int:
-        return self.t0 + int((self.spec["warmup"] + self.spec["duration"]) * 1e9)
 
     def close_all(self) -> None:
         self.stopping = True

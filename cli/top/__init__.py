@@ -1,8 +1,9 @@
 """``brokerctl top``: a live console of a running broker, read from its monitoring endpoints (docs/operations.md).
 
 This module is imported by every ``brokerctl`` command (cli/main.py registers it), so it imports click alone: the
-HTTP client and the computations (cli/top/model.py) load when ``top`` runs, and textual (cli/top/app.py) only
-for the console, never for ``--once``.
+HTTP client (cli/top/endpoint.py), the computations (cli/top/model.py, cli/top/views.py) and the output
+(cli/top/formatting.py) load when ``top`` runs, and textual (cli/top/app.py) only for the console, never for
+``--once``.
 """
 
 from __future__ import annotations
@@ -38,13 +39,13 @@ def top(monitor: str | None, host: str | None, interval: float, limit: int, view
     Keys: w/t/u/c (or 1-4) views, o/O sort by the next/previous column, r reverse, Enter on a subject its
     subscribers, Esc back, / filter, b raw numbers, p pause, +/- interval, ? help, q quit.
     """
-    from shardbroker.cli.top import model
+    from shardbroker.cli.top import endpoint, formatting, model, views
 
     try:
-        url = model.monitor_url(monitor, host)
+        url = endpoint.monitor_url(monitor, host)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--monitor") from None
-    chosen = model.VIEWS[view]
+    chosen = views.VIEWS[view]
     if sort_key is not None and sort_key not in chosen.sort_keys():
         raise click.BadParameter(f"{sort_key!r} is not a column of the {view} view: "
                                  f"{', '.join(chosen.sort_keys())}", param_hint="--sort")
@@ -55,7 +56,7 @@ def top(monitor: str | None, host: str | None, interval: float, limit: int, view
     if not once and not sys.stdout.isatty():
         raise click.UsageError("stdout is not a terminal: use --once --format json|csv for scripts")
 
-    poller = model.Poller(model.Client(url), interval=interval or 1.0, limit=limit)
+    poller = model.Poller(endpoint.Client(url), interval=interval or 1.0, limit=limit)
     want = VIEW_NAMES if once and fmt != "csv" else (view,)
     sorts = {view: sort}
     try:
@@ -72,12 +73,12 @@ def top(monitor: str | None, host: str | None, interval: float, limit: int, view
         if interval > 0:
             time.sleep(interval)
             snap = poller.poll(want, conn_sort=sorts.get("connections", "cid"))
-    except model.Unreachable as exc:
+    except endpoint.Unreachable as exc:
         hint = "" if "?" in str(exc) else " (is the broker running, with monitoring on? see --monitor)"
         raise click.ClickException(f"{exc}{hint}") from None
-    except model.BadRequest as exc:
+    except endpoint.BadRequest as exc:
         raise click.ClickException(f"{url}: {exc}") from None
     if fmt == "csv":
-        click.echo(model.snapshot_csv(snap, chosen, sort, limit), nl=False)
+        click.echo(formatting.snapshot_csv(snap, chosen, sort, limit), nl=False)
     else:
-        sys.stdout.buffer.write(model.snapshot_json(snap, sorts, limit))
+        sys.stdout.buffer.write(formatting.snapshot_json(snap, sorts, limit))

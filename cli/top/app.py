@@ -1,6 +1,6 @@
 """The ``brokerctl top`` console, in textual (imported by ``top`` alone: it costs ~0.25 s to import).
 
-One table, whose columns are the current view's (cli/top/model.py): workers, subjects, queues, connections, and
+One table, whose columns are the current view's (cli/top/views.py): workers, subjects, queues, connections, and
 the subscribers of one subject (Enter on a subject; Esc goes back).  Each refresh runs in a thread (the HTTP
 requests block) and fetches only what the open view shows.  Rows are keyed by what they show (worker, subject,
 cid), so the cursor stays on its row while the order changes underneath it.
@@ -17,7 +17,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.widgets import DataTable, Footer, Input, Static
 
-from shardbroker.cli.top import model
+from shardbroker.cli.top import endpoint, formatting, model, views
 
 HELP = """\
 w 1  workers        t 2  subjects        u 3  queues        c 4  connections
@@ -64,8 +64,8 @@ class TopApp(App):
         super().__init__()
         self.poller = poller
         self.view = view
-        self.sorts = {name: v.default_sort for name, v in model.VIEWS.items()}
-        self.sorts["subscribers"] = model.SUBSCRIBERS.default_sort
+        self.sorts = {name: v.default_sort for name, v in views.VIEWS.items()}
+        self.sorts["subscribers"] = views.SUBSCRIBERS.default_sort
         if sort:
             self.sorts[view] = sort
         self.reversed: dict[str, bool] = {}
@@ -116,7 +116,7 @@ class TopApp(App):
     def _fetch(self, want: tuple, conn_sort: str, subject: str | None) -> None:
         try:
             snap = self.poller.poll(want, conn_sort=conn_sort, subject=subject)
-        except (model.Unreachable, model.BadRequest) as exc:
+        except (endpoint.Unreachable, endpoint.BadRequest) as exc:
             self.call_from_thread(self._failed, str(exc))
             return
         except Exception as exc:  # a broker of another version answering something unexpected
@@ -141,8 +141,8 @@ class TopApp(App):
         self._render_status()
 
     # -- drawing --------------------------------------------------------------------------------------------
-    def _current(self) -> model.View:
-        return model.SUBSCRIBERS if self.subject is not None else model.VIEWS[self.view]
+    def _current(self) -> views.View:
+        return views.SUBSCRIBERS if self.subject is not None else views.VIEWS[self.view]
 
     def _rows(self, snap: model.Snapshot) -> list[dict] | None:
         if self.subject is not None:
@@ -163,18 +163,18 @@ class TopApp(App):
         # the refresh that asks for the new one arrives, they are sorted here).
         if view.name != "connections" or snap.connections_sorted_by != "server" or self._reversed(view) \
                 or snap.connections_sort != sort:
-            rows = model.sort_rows(rows, view, sort, self._reversed(view))
+            rows = views.sort_rows(rows, view, sort, self._reversed(view))
         if self.filter:
             needle = self.filter.lower()
             rows = [r for r in rows if any(needle in str(r.get(k, "")).lower() for k in FILTERED)]
-        if view is model.SUBJECTS:   # more are fetched than shown, to keep their rates going
+        if view is views.SUBJECTS:   # more are fetched than shown, to keep their rates going
             rows = rows[:self.poller.limit]
         columns = [c for c in view.columns if c.key not in OPTIONAL or any(r.get(c.key) is not None for r in rows)]
         self._fill(view, columns, rows, sort)
         self.query_one("#title", Static).update(self._title(view, snap, len(rows)))
         self._render_status()
 
-    def _fill(self, view: model.View, columns: list[model.Column], rows: list[dict], sort: str) -> None:
+    def _fill(self, view: views.View, columns: list[views.Column], rows: list[dict], sort: str) -> None:
         table = self.query_one(DataTable)
         keys = tuple(c.key for c in columns) + (view.name, sort, str(self._reversed(view)))
         if self._shown and table.row_count and table.cursor_row < table.row_count:
@@ -183,7 +183,7 @@ class TopApp(App):
         scroll = table.scroll_y
         if keys != self._columns:
             table.clear(columns=True)
-            arrow = "▲" if (sort in model.ASCENDING) != self._reversed(view) else "▼"
+            arrow = "▲" if (sort in views.ASCENDING) != self._reversed(view) else "▼"
             for c in columns:
                 label = f"{c.title}{arrow}" if c.key == sort else c.title
                 table.add_column(Text(label, justify="left" if c.kind == "str" else "right"), key=c.key)
@@ -194,7 +194,7 @@ class TopApp(App):
         for row in rows:
             cells = []
             for c in columns:
-                text = model.human(row.get(c.key), c.kind, self.raw)
+                text = formatting.human(row.get(c.key), c.kind, self.raw)
                 style = self._style(c.key, row)
                 cells.append(Text(text, style=style, justify="left" if c.kind == "str" else "right"))
             table.add_row(*cells, key=str(row.get(view.key)))
@@ -217,12 +217,12 @@ class TopApp(App):
             return "bold red"
         return ""
 
-    def _reversed(self, view: model.View) -> bool:
+    def _reversed(self, view: views.View) -> bool:
         return self.reversed.get(view.name, False)
 
     def _header(self, snap: model.Snapshot) -> Text:
         s = snap.summary
-        h = lambda v, kind: model.human(v, kind, self.raw)  # noqa: E731
+        h = lambda v, kind: formatting.human(v, kind, self.raw)  # noqa: E731
         maxc = f"/{s['max_connections']}" if s.get("max_connections") else ""
         cores = f" of {s['cores']} cores" if s.get("cores") else ""
         state_style = "bold green" if s["state"] == "ready" else "bold red"
@@ -254,7 +254,7 @@ class TopApp(App):
             text.append(f"  config loaded {loaded.split('.')[0].replace('T', ' ')}{' UTC' if 'Z' in loaded else ''}")
         return text
 
-    def _title(self, view: model.View, snap: model.Snapshot, shown: int) -> Text:
+    def _title(self, view: views.View, snap: model.Snapshot, shown: int) -> Text:
         sort = self.sorts[view.name]
         order = " reversed" if self._reversed(view) else ""
         if self.subject is not None:
@@ -302,7 +302,7 @@ class TopApp(App):
         self.reversed[view.name] = not self._reversed(view)
         self._resorted(view)
 
-    def _resorted(self, view: model.View) -> None:
+    def _resorted(self, view: views.View) -> None:
         self._render()
         if view.name == "connections":   # the broker sorts before its limit: ask again
             self.refresh_data()

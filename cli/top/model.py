@@ -10,113 +10,28 @@ its rows are keyed by (worker, pid), so a restart shows as a gap, never as a neg
 Fields that the broker may not report yet (per-worker CPU, RSS, pending bytes, event-loop lag, restarts, state)
 are looked up under the names listed in ``_ALIASES`` and shown when present.  CPU and RSS fall back to reading
 the worker processes with psutil when the monitoring address is on this machine.
+
+The monitoring endpoint's address and HTTP client are in cli/top/endpoint.py, the views' columns and sorting in
+cli/top/views.py, and the writing of rows (``--once``'s JSON and CSV, the console's cells) in cli/top/formatting.py.
 """
 
 from __future__ import annotations
 
-import csv
-import http.client
-import io
-import ipaddress
 import re
-import socket
 import time
-import urllib.error
-import urllib.request
 from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Callable, Iterable
-from urllib.parse import urlencode, urlsplit
+from typing import Any, Iterable
 
-import orjson
-
-DEFAULT_URL = "http://127.0.0.1:8222"
+from shardbroker.cli.top.endpoint import BadRequest, Client, is_local
+from shardbroker.cli.top.views import CONNECTIONS, NATS_CONN_SORT, SUBSCRIBERS, sort_rows
 
 # Subject counters reach their owner once a second, so a 1 s difference jumps between 0 and twice the real rate:
 # subject rates are averaged over this many seconds (at least one interval).
 SUBJECT_WINDOW = 3.0
 
 DOWN = ("unresponsive", "dead")   # worker states whose counters /varz leaves out
-
-
-class Unreachable(Exception):
-    """The monitoring endpoint did not answer; ``str()`` is one line for the operator."""
-
-
-class BadRequest(Exception):
-    """The endpoint answered 4xx (a query parameter this broker does not know)."""
-
-
-def monitor_url(monitor: str | None, host: str | None) -> str:
-    """``--monitor`` (a URL, HOST:PORT or a port) and ``--host`` (the host alone) as a base URL."""
-    url = monitor or DEFAULT_URL
-    if url.isdigit():
-        url = f"127.0.0.1:{url}"
-    if "://" not in url:
-        url = "http://" + url
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"not an http URL: {monitor}")
-    try:
-        port = parts.port or (443 if parts.scheme == "https" else 8222)
-    except ValueError:
-        raise ValueError(f"bad port in {monitor}") from None
-    hostname = host or parts.hostname
-    if ":" in hostname:
-        hostname = f"[{hostname}]"
-    return f"{parts.scheme}://{hostname}:{port}{parts.path.rstrip('/')}"
-
-
-def is_local(url: str) -> bool:
-    """Whether the monitoring address is on this machine (then the worker PIDs it reports are ours to read)."""
-    host = urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-class Client:
-    """GET JSON from the monitoring port.  No proxy: the monitoring port is an internal address, and an
-    ``http_proxy`` set for the outside world would otherwise swallow ``127.0.0.1``."""
-
-    def __init__(self, base: str, timeout: float = 5.0) -> None:
-        self.base = base
-        self.timeout = timeout
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        self.requests = 0
-
-    def get(self, path: str, **query: Any) -> dict:
-        q = {k: v for k, v in query.items() if v is not None}
-        url = self.base + path + ("?" + urlencode(q) if q else "")
-        self.requests += 1
-        try:
-            with self._opener.open(url, timeout=self.timeout) as resp:
-                return orjson.loads(resp.read())
-        except urllib.error.HTTPError as err:
-            try:
-                reason = orjson.loads(err.read()).get("error", "")
-            except (orjson.JSONDecodeError, AttributeError):
-                reason = ""
-            if 400 <= err.code < 500 and err.code != 404:
-                raise BadRequest(f"{err.code} {reason}".strip()) from None
-            raise Unreachable(f"{self.base}{path} answered HTTP {err.code} {reason}".strip()
-                              + ": is it a shardbroker monitoring port?") from None
-        except http.client.HTTPException:  # something that does not speak HTTP (a client port, say)
-            raise Unreachable(f"{self.base} does not answer HTTP: is it a shardbroker monitoring port?") from None
-        except (urllib.error.URLError, OSError, socket.timeout) as err:
-            reason = getattr(err, "reason", err)
-            if isinstance(reason, (TimeoutError, socket.timeout)) or isinstance(err, TimeoutError):
-                reason = f"no answer within {self.timeout:g}s"
-            elif isinstance(reason, OSError):
-                reason = reason.strerror or reason
-            raise Unreachable(f"cannot reach the monitoring endpoint {self.base}: {reason}") from None
-        except orjson.JSONDecodeError:
-            raise Unreachable(f"{self.base}{path} did not answer JSON: is it a shardbroker monitoring port?") \
-                from None
 
 
 # -- rates ---------------------------------------------------------------------------------------------------------
@@ -155,102 +70,6 @@ class Rates:
         keep = set(keep)
         for key in [k for k in self._hist if k not in keep]:
             del self._hist[key]
-
-
-# -- views: their columns, rows and sort keys ------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Column:
-    key: str          # the row field, the CSV header and the sort key
-    title: str        # the console header
-    kind: str = "int"  # int, rate, bytes, byterate, pct, secs, str: how the console writes it
-
-
-@dataclass(frozen=True)
-class View:
-    name: str
-    columns: tuple[Column, ...]
-    default_sort: str
-    key: str          # which field names the row (stable across refreshes: the cursor follows it)
-
-    def sort_keys(self) -> list[str]:
-        return [c.key for c in self.columns]
-
-
-WORKERS = View("workers", (
-    Column("worker", "W"), Column("pid", "PID"), Column("state", "STATE", "str"),
-    Column("connections", "CONNS"), Column("subscriptions", "SUBS"),
-    Column("msgs_in_rate", "MSG/s IN", "rate"), Column("msgs_out_rate", "MSG/s OUT", "rate"),
-    Column("bytes_in_rate", "B/s IN", "byterate"), Column("bytes_out_rate", "B/s OUT", "byterate"),
-    Column("pending_bytes", "PENDING", "bytes"), Column("slow_consumers", "SLOW"),
-    Column("fabric_stalls", "STALLS"), Column("fabric_lost", "LOST"), Column("owned_subjects", "OWNED"),
-    Column("cpu", "CPU%", "pct"), Column("rss", "RSS", "bytes"), Column("fds", "FDS"),
-    Column("loop_lag", "LAG", "secs"), Column("loop_lag_max", "LAG max", "secs"),
-    Column("heartbeat_age", "HB", "secs"), Column("restarts", "RST"),
-), default_sort="worker", key="worker")
-
-SUBJECTS = View("subjects", (
-    Column("subject", "SUBJECT", "str"), Column("owner", "OWNER"),
-    Column("msgs_rate", "MSG/s", "rate"), Column("bytes_rate", "B/s", "byterate"),
-    Column("msgs", "MSGS"), Column("bytes", "BYTES", "bytes"), Column("idle", "IDLE", "secs"),
-), default_sort="msgs_rate", key="subject")
-
-QUEUES = View("queues", (
-    Column("queue", "QUEUE", "str"), Column("owner", "OWNER"),
-    Column("visible", "VISIBLE"), Column("in_flight", "IN FLIGHT"), Column("delayed", "DELAYED"),
-    Column("pushed_rate", "PUSH/s", "rate"), Column("delivered_rate", "DLVR/s", "rate"),
-    Column("acked_rate", "ACK/s", "rate"), Column("waiters", "WAITERS"),
-    Column("oldest_visible_age", "OLDEST", "secs"), Column("bytes", "BYTES", "bytes"),
-    Column("redelivered", "REDLVR"), Column("dead_lettered", "DEAD"),
-), default_sort="visible", key="key")
-
-CONNECTIONS = View("connections", (
-    Column("host", "HOST", "str"), Column("cid", "CID"), Column("worker", "W"), Column("protocol", "PROTO", "str"),
-    Column("name", "NAME", "str"), Column("user", "USER", "str"), Column("subs", "SUBS"),
-    Column("pending", "PENDING", "bytes"), Column("msgs_to", "MSGS_TO"), Column("msgs_from", "MSGS_FROM"),
-    Column("bytes_to", "BYTES_TO", "bytes"), Column("bytes_from", "BYTES_FROM", "bytes"),
-    Column("msgs_to_rate", "TO/s", "rate"), Column("msgs_from_rate", "FROM/s", "rate"),
-    Column("lang", "LANG", "str"), Column("version", "VERSION", "str"), Column("uptime", "UPTIME", "str"),
-    Column("idle", "IDLE", "str"), Column("rtt", "RTT", "str"),
-), default_sort="cid", key="cid")
-
-SUBSCRIBERS = View("subscribers", (
-    Column("cid", "CID"), Column("worker", "W"), Column("host", "HOST", "str"), Column("protocol", "PROTO", "str"),
-    Column("name", "NAME", "str"), Column("user", "USER", "str"), Column("patterns", "MATCHING", "str"),
-    Column("pending", "PENDING", "bytes"), Column("msgs_to", "MSGS_TO"), Column("msgs_to_rate", "TO/s", "rate"),
-    Column("slow", "", "str"),
-), default_sort="msgs_to_rate", key="cid")
-
-VIEWS = {v.name: v for v in (WORKERS, SUBJECTS, QUEUES, CONNECTIONS)}
-
-# nats-server's /connz sort keys (monitor_sort_opts.go) for our columns, and the order nats-server sorts them in.
-NATS_CONN_SORT = {"cid": "cid", "subs": "subs", "pending": "pending", "msgs_to": "msgs_to",
-                  "msgs_from": "msgs_from", "bytes_to": "bytes_to", "bytes_from": "bytes_from", "uptime": "uptime",
-                  "idle": "idle", "rtt": "rtt"}
-ASCENDING = {"cid", "worker", "pid", "subject", "queue", "owner", "host", "protocol", "name", "user", "lang",
-             "version", "state", "idle", "patterns"}
-
-
-def sort_rows(rows: list[dict], view: View, key: str, reverse: bool = False) -> list[dict]:
-    """Rows sorted as a console user expects: numbers biggest first, names A-Z; missing values last."""
-    ascending = key in ASCENDING
-    if key == "uptime":    # as nats-server: the newest connection first
-        getter: Callable[[dict], Any] = lambda r: r.get("start") or None  # noqa: E731
-    elif key == "idle" and view is CONNECTIONS:   # the longest idle first: the oldest activity
-        getter = lambda r: r.get("last_activity") or None  # noqa: E731
-    elif key == "rtt" and view is CONNECTIONS:
-        getter = lambda r: r.get("rtt_seconds")  # noqa: E731
-    else:
-        getter = lambda r: r.get(key)  # noqa: E731
-    present = [r for r in rows if getter(r) is not None]
-    missing = [r for r in rows if getter(r) is None]
-    tie = view.key
-    present.sort(key=lambda r: (getter(r), _tiekey(r.get(tie))), reverse=(not ascending) != reverse)
-    return present + missing
-
-
-def _tiekey(v: Any) -> tuple:
-    return (0, v, "") if isinstance(v, (int, float)) else (1, 0, str(v))
 
 
 # -- the fields the broker may or may not report ------------------------------------------------------------
@@ -574,86 +393,3 @@ class Poller:
         snap.subscribers = sort_rows(rows, SUBSCRIBERS, "msgs_to_rate")
         detail = self.client.get("/topicz", subject=subject).get("subjects", [])
         snap.subject_detail = detail[0] if detail else {"subject": subject, "msgs": 0, "bytes": 0}
-
-
-# -- --once -----------------------------------------------------------------------------------------------------
-
-def snapshot_json(snap: Snapshot, sorts: dict[str, str], limit: int) -> bytes:
-    out: dict[str, Any] = {"server": snap.summary, "now": snap.varz.get("now"),
-                           "workers": sort_rows(snap.workers, WORKERS, sorts.get("workers", "worker"))}
-    if snap.subjects is not None:
-        out["subjects"] = sort_rows(snap.subjects, SUBJECTS, sorts.get("subjects", "msgs_rate"))[:limit]
-    if snap.queues is not None:
-        out["queues"] = sort_rows(snap.queues, QUEUES, sorts.get("queues", "visible"))
-    if snap.connections is not None:
-        out["connections"] = snap.connections
-        out["connections_total"] = snap.connections_total
-    return orjson.dumps(out, option=orjson.OPT_INDENT_2) + b"\n"
-
-
-def snapshot_csv(snap: Snapshot, view: View, sort: str, limit: int) -> str:
-    rows = {"workers": snap.workers, "subjects": snap.subjects, "queues": snap.queues,
-            "connections": snap.connections}[view.name] or []
-    if view.name != "connections":
-        rows = sort_rows(rows, view, sort)
-    if view.name == "subjects":
-        rows = rows[:limit]
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow([c.key for c in view.columns])
-    for row in rows:
-        writer.writerow(["" if row.get(c.key) is None else _csv_value(row[c.key]) for c in view.columns])
-    return buf.getvalue()
-
-
-def _csv_value(v: Any) -> Any:
-    if isinstance(v, str):
-        return printable(v)
-    return round(v, 3) if isinstance(v, float) else v
-
-
-# C0 and C1 controls, DEL included: what a terminal would act on (ESC starts CSI and OSC sequences; OSC 52 writes
-# the clipboard).  Client names and subjects may hold them (nats-server allows any non-space byte in a subject).
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def printable(text: str) -> str:
-    """``text`` with every control character written as ``\\xNN``: what clients chose (names, subjects, queue
-    names) reaches a terminal as text, never as commands to it."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
-
-
-# -- formatting, for the console --------------------------------------------------------------------------------
-
-def human(v: Any, kind: str, raw: bool = False) -> str:
-    if v is None:
-        return "-"
-    if kind == "str":
-        return printable(str(v))
-    if raw:
-        return f"{v:.1f}" if isinstance(v, float) else str(v)
-    if kind == "pct":
-        return f"{v:.1f}"
-    if kind == "secs":
-        if v < 1:
-            return f"{v * 1000:.1f}ms"
-        if v < 120:
-            return f"{v:.1f}s"
-        return f"{v / 60:.0f}m" if v < 7200 else f"{v / 3600:.0f}h"
-    if v == 0:
-        return "0"
-    if kind in ("bytes", "byterate"):
-        return _scale(v, 1024, ("B", "K", "M", "G", "T"))
-    if kind == "rate":
-        return _scale(v, 1000, ("", "k", "M", "G"))
-    return str(v)
-
-
-def _scale(v: float, base: int, units: tuple[str, ...]) -> str:
-    for unit in units:
-        if abs(v) < base or unit == units[-1]:
-            if unit == units[0]:
-                return f"{v:.0f}{unit}" if isinstance(v, int) or v >= 10 or v == 0 else f"{v:.1f}{unit}"
-            return f"{v:.1f}{unit}"
-        v /= base
-    return str(v)  # pragma: no cover

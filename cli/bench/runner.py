@@ -1,0 +1,209 @@
+"""The bench's run: the chosen scenarios against every target, round after round, and the summary of the rounds.
+
+Every scenario runs against every target in each round, the targets in a rotated order each round, so that drift
+of the machine (thermal, other load) falls on all of them alike; the report takes the median over rounds and the
+ratio to nats-server measured in the same run.  The load comes from a pool of generator processes
+(``loadgen``), reused across runs.
+
+The scenarios and targets are the catalogue's (cli/bench/scenarios.py); what one scenario on one target does and
+measures is cli/bench/measure.py, mixed into ``Bench``.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import shutil
+import statistics
+import tempfile
+from dataclasses import asdict, dataclass, field
+
+from shardbroker.cli.bench import loadgen, servers
+from shardbroker.cli.bench.measure import OneRun
+from shardbroker.cli.bench.scenarios import ALL_TARGETS, OURS, QUEUE_BOUNDS, QUEUE_RATE, Scenario, Target, scenarios
+
+
+@dataclass
+class Options:
+    scenarios: list[str]
+    peers: list[str]
+    protocols: list[str]
+    payload: int = 128
+    duration: float = 3.0
+    rounds: int = 3
+    workers: int | None = None
+    procs: int = 2
+    nn: int = 8
+    wide: int = 5000
+    rate: float = 20000.0
+    connections: int = 10000
+    qrate: float = QUEUE_RATE
+    tls: bool = False       # also the TLS targets
+
+
+@dataclass
+class Bench(OneRun):
+    opts: Options
+    results: list[dict] = field(default_factory=list)
+    servers: dict[str, servers.Server] = field(default_factory=dict)
+    log: callable = print
+
+    def run(self) -> dict:
+        catalog = scenarios(self.opts.nn, self.opts.wide, self.opts.rate, self.opts.connections, self.opts.qrate)
+        chosen = [catalog[name] for name in self.opts.scenarios]
+        self._start_servers(chosen)
+        targets = [t for t in ALL_TARGETS if t.server in self.servers
+                   and (t.server not in OURS or t.wire in self.opts.protocols)
+                   and any(t.queues if sc.queue else t.pubsub for sc in chosen)]
+        ctx = multiprocessing.get_context("spawn")
+        pool = []
+        for _ in range(self.opts.procs):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=loadgen.main, args=(child,), daemon=True)
+            proc.start()
+            pool.append((proc, parent))
+        self._gen_pids = [proc.pid for proc, _ in pool]
+        try:
+            for rnd in range(self.opts.rounds):
+                order = targets[rnd % len(targets):] + targets[:rnd % len(targets)]
+                for sc in chosen:
+                    for target in order:
+                        if not (target.queues if sc.queue else target.pubsub) or \
+                                (target.tls and sc.kind == "connections"):
+                            continue
+                        self.log(f"round {rnd + 1}/{self.opts.rounds}: {sc.title} on {target.label}")
+                        res = self._run_one(sc, target, [p for _, p in pool])
+                        res.update(scenario=sc.name, target=target.label, round=rnd + 1)
+                        self.results.append(res)
+        except Exception:
+            for server in self.servers.values():   # what the brokers logged may say why the run failed
+                server.keep_log = True
+            raise
+        finally:
+            for proc, pipe in pool:
+                try:
+                    pipe.send({"op": "exit"})
+                except OSError:
+                    pass
+                proc.join(5)
+                if proc.is_alive():
+                    proc.kill()
+            for server in self.servers.values():
+                server.stop()
+            if self.opts.tls and hasattr(self, "_pem"):
+                shutil.rmtree(os.path.dirname(self._pem["cert"]), ignore_errors=True)
+        return self.report(chosen, targets)
+
+    def _start_servers(self, chosen: list[Scenario]) -> None:
+        self.servers["shardbroker"] = self._broker(QUEUE_BOUNDS)
+        if any(sc.queue for sc in chosen) and "ndjson" in self.opts.protocols:
+            # The same broker with queues.journal false: what the journal costs.
+            self.servers["shardbroker-nojournal"] = self._broker({"queues": dict(QUEUE_BOUNDS["queues"],
+                                                                                journal=False)})
+            self.servers["shardbroker-nojournal"].writes = ""
+        if self.opts.tls:
+            self._pem = servers.make_certificate(tempfile.mkdtemp(prefix="bench-tls-"))
+            self.servers["shardbroker-tls"] = self._broker({
+                "tls": {"cert": self._pem["cert"], "key": self._pem["key"]}, "network": {"tls": True},
+                "nats": {"tls": True}})
+            if "nats" in self.opts.peers:
+                server = servers.start_nats_tls(self._pem)
+                if server is not None:
+                    self.servers[server.name] = server
+        starters = {"nats": [servers.start_nats], "redis": [servers.start_redis]}
+        if any(sc.queue for sc in chosen):
+            starters["nats"].append(servers.start_nats_jetstream)   # the work queues' peer on nats-server
+            starters["redis"].append(lambda: servers.start_redis(aof=True))
+        for peer in self.opts.peers:
+            for start in starters[peer]:
+                server = start()
+                if server is None:
+                    package = "nats-server" if peer == "nats" else "redis-server"
+                    self.log(f"{peer}: not installed, skipped (Debian package {package})")
+                    break
+                self.servers[server.name] = server
+
+    def _broker(self, config: dict) -> servers.Server:
+        with tempfile.NamedTemporaryFile("w", prefix="bench-broker-", suffix=".json", delete=False) as fh:
+            json.dump(config, fh)
+        try:
+            return servers.start_broker(self.opts.workers, config=fh.name)
+        finally:
+            os.unlink(fh.name)
+
+    # -- summary --------------------------------------------------------------------------------------------
+    def report(self, chosen: list[Scenario], targets: list[Target]) -> dict:
+        summary = []
+        ran = {r["target"] for r in self.results if r.get("scenario") in {sc.name for sc in chosen if sc.queue}}
+        queue_servers = {t.server for t in targets if t.queues and t.label in ran}
+        for sc in chosen:
+            rows = {}
+            for t in targets:
+                runs = [r for r in self.results if r["scenario"] == sc.name and r["target"] == t.label]
+                if not runs:
+                    continue
+                row = {"scenario": sc.name, "title": sc.title, "kind": sc.kind, "target": t.label,
+                       "rounds": len(runs)}
+                if sc.kind == "connections":
+                    row["seconds"] = statistics.median(r["seconds"] for r in runs)
+                    row["rss_per_conn"] = statistics.median(r["rss_per_conn"] for r in runs)
+                else:
+                    row["msgs_per_sec"] = statistics.median(r["msgs_per_sec"] for r in runs)
+                    row["loss"] = sum(r["loss"] for r in runs)
+                    row["expected"] = sum(r["expected"] for r in runs)
+                    for key in ("cpu_us_per_msg", "gen_cpu_us_per_msg"):
+                        cpu = [r[key] for r in runs if r.get(key) is not None]
+                        row[key] = statistics.median(cpu) if cpu else None
+                    if sc.queue:
+                        row["queue"] = True
+                        row["duplicates"] = sum(r["duplicates"] for r in runs)
+                        row["refused"] = sum(r["refused"] for r in runs)
+                        row["pushes_per_sec"] = statistics.median(r["pushes_per_sec"] for r in runs)
+                    if sc.kind == "latency":
+                        row["latency_us"] = {k: statistics.median(r["latency_us"][k] for r in runs)
+                                             for k in runs[0]["latency_us"]}
+                rows[t.label] = row
+            base = rows.get("nats-server/jetstream" if sc.queue else "nats-server")   # queues: JetStream's
+            for row in rows.values():
+                if base is not None:
+                    row["vs_nats"] = _ratio(sc, row, base)
+                if "redis" in rows:
+                    row["vs_redis"] = _ratio(sc, row, rows["redis"])
+                for label, other, goal in sc.goals:
+                    if row["target"] == label and other in rows:
+                        ratio = _ratio(sc, row, rows[other])
+                        met = ratio is not None and (ratio <= goal if sc.kind == "latency" else ratio >= goal)
+                        row["goal"] = {"vs": other, "ratio": ratio, "target": goal, "met": met}
+            summary.extend(rows.values())
+        return {
+            "machine": _machine(),
+            "servers": {name: s.version for name, s in self.servers.items()},
+            # where the queues' journal and Redis's append-only file went, and on what: a disk's filesystem costs
+            # more a write than a tmpfs
+            "writes": {name: {"dir": s.writes, "filesystem": servers.filesystem(s.writes)}
+                       for name, s in self.servers.items() if s.writes and name in queue_servers},
+            "options": asdict(self.opts),
+            "summary": summary,
+            "runs": self.results,
+        }
+
+
+def _ratio(sc: Scenario, row: dict, base: dict) -> float | None:
+    if sc.kind == "latency":
+        a, b = row["latency_us"]["p99"], base["latency_us"]["p99"]
+    elif sc.kind == "connections":
+        a, b = row["seconds"], base["seconds"]
+    else:
+        a, b = row["msgs_per_sec"], base["msgs_per_sec"]
+    return round(a / b, 3) if b else None
+
+
+def _machine() -> dict:
+    import os
+    import platform
+
+    import psutil
+
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            "memory": psutil.virtual_memory().total}
