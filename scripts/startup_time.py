@@ -6,7 +6,7 @@
     .venv/bin/python scripts/startup_time.py --nats-server          # nats-server's own start-up, for comparison
     .venv/bin/python scripts/startup_time.py --bytecode             # with compiled bytecode, as an installed package
 
-Each run starts ``python -m cli start --workers N --port 0 --nats-port 0 --monitor-port 0`` in its own session,
+Each run starts ``python -m shardbroker.cli start --workers N --port 0 --nats-port 0 --monitor-port 0`` in its own session,
 reads its stderr until the ready line (which names the monitoring port), then polls ``/varz`` until it answers
 200.  Times are measured from just before the exec (``subprocess.Popen``), on ``time.perf_counter``.  The broker is
 then stopped at once (SIGQUIT), and anything left in its session is killed and reaped, so runs do not overlap.

@@ -1,6 +1,6 @@
 """Start the real broker as a subprocess on free ports, and talk to it over real sockets.
 
-``Broker`` runs ``python -m cli start`` in its own session (so every process it starts can be found and reaped),
+``Broker`` runs ``python -m shardbroker.cli start`` in its own session (so every process it starts can be found and reaped),
 waits for the ready line, and reads the ports and worker pids from it.  ``Raw`` is a line-oriented raw socket for
 byte-exact protocol tests.
 """

@@ -116,10 +116,10 @@ def test_publish_ch_star_stops_the_start_with_exit_2(tmp_path):
 
 def test_config_does_not_import_the_user_registry():
     """cluster.security.users builds on cluster.config, never the other way round (no import cycle, even a deferred one)."""
-    code = ("import sys, cluster.config as c; c.load(None, {'security.users': "
+    code = ("import sys, shardbroker.cluster.config as c; c.load(None, {'security.users': "
             "[{'username': 'u', 'password': 'p', 'permissions': ['admin']}]}); "
-            "assert 'cluster.security.users' not in sys.modules, 'config imported users'; "
-            "import cluster.security.users")
+            "assert 'shardbroker.cluster.security.users' not in sys.modules, 'config imported users'; "
+            "import shardbroker.cluster.security.users")
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=30)
     assert res.returncode == 0, res.stderr
 

@@ -33,7 +33,7 @@ def test_push_recv_ack_stat_redrive_purge(start_broker):
     assert bad.returncode == 1 and "invalid_queue" in bad.stderr
     # the leased message goes to the DLQ once its single delivery is nacked; redrive brings it back
     nack = subprocess.run([sys.executable, "-c", f"""
-from cli.client import BlockingClient
+from shardbroker.cli.client import BlockingClient
 c = BlockingClient.connect("127.0.0.1", {broker.port})
 print(c.request("qnack", queue="cli.jobs", receipt="{got[1]['receipt']}")["state"])"""],
                           cwd=REPO, capture_output=True, text=True, timeout=30)
