@@ -1,3 +1,4 @@
 """What every worker agrees on, with no I/O of a client: subject syntax (``subjects``), the subscription trie
-(``sublist``), which worker owns a subject (``shardmap``), the ZeroMQ fabric between workers (``fabric``, its
-``frames`` and the ``control`` items' vocabulary), and callbacks that must not stop their loop (``guard``)."""
+(``sublist``), which worker owns a subject (``shardmap``), the ZeroMQ fabric between workers (``fabric``, the
+state of each peer's ``link``, its ``frames`` and the ``control`` items' vocabulary), and callbacks that must not stop
+their loop (``guard``)."""

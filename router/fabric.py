@@ -31,7 +31,6 @@ Control traffic rides the same links as data, so it is ordered with data and cov
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import os
 import time
@@ -40,6 +39,7 @@ from typing import Callable, Protocol
 import zmq
 
 from shardbroker.router import frames, guard
+from shardbroker.router.link import Link
 
 log = logging.getLogger("broker.fabric")
 
@@ -65,56 +65,6 @@ def endpoint(runtime_dir: str, index: int) -> str:
     return f"ipc://{os.path.join(runtime_dir, f'fabric-{index}.ipc')}"
 
 
-class _Link:
-    """State of the two one-way links between this worker and one peer."""
-
-    __slots__ = ("peer", "prefix", "out_msgs", "out_ctrl", "out_seq", "out_msg_count", "acked", "inflight",
-                 "inflight_bytes", "congested_since", "acked_at", "lagging", "in_epoch", "in_seq", "in_msg_count",
-                 "processed", "unfinished", "finished_early", "ack_owed", "ack_wanted", "up", "lost_frames",
-                 "lost_messages", "frames_in", "frames_out", "acks_out", "messages_in", "messages_out",
-                 "dropped_messages", "dropped_at_lag", "stalls", "waiting_since")
-
-    def __init__(self, peer: int) -> None:
-        self.peer = peer
-        self.prefix = frames.prefix(peer)
-        self.out_msgs: list = []
-        self.out_ctrl: list = []
-        self.out_seq = 0
-        self.out_msg_count = 0
-        self.acked = 0
-        self.inflight: collections.deque[tuple[int, int]] = collections.deque()  # (seq, frame size)
-        self.inflight_bytes = 0
-        self.congested_since = 0.0
-        self.acked_at = 0.0        # when the peer's ack last moved forward
-        self.lagging = False
-        self.in_epoch = -1
-        self.in_seq = 0
-        self.in_msg_count = 0
-        self.processed = 0         # the highest sequence number up to which every frame is finished: our ack
-        self.unfinished: collections.deque[int] = collections.deque()   # received, not finished, in order
-        self.finished_early: set[int] = set()   # finished while an earlier frame is still unfinished
-        self.ack_owed = False
-        self.ack_wanted = 0        # the peer asked for an ack as soon as every frame up to this one is processed
-        # Up: the peer's current incarnation has acknowledged one of our frames, so both directions work.
-        self.up = False
-        self.lost_frames = 0
-        self.lost_messages = 0
-        self.frames_in = self.frames_out = self.messages_in = self.messages_out = 0
-        self.acks_out = 0          # frames that carried only an ack (and perhaps a question: WANT_ACK)
-        self.dropped_messages = 0  # not sent: the peer was lagging and its window full
-        self.dropped_at_lag = 0    # dropped_messages when the current lagging episode began
-        self.stalls = 0            # times this link held the worker's publishers back
-        self.waiting_since = 0.0   # since when frames have been unacknowledged with no ack moving (0: none are)
-
-    def forget_inflight(self) -> None:
-        self.acked = self.out_seq
-        self.inflight.clear()
-        self.inflight_bytes = 0
-        self.waiting_since = 0.0
-        self.congested_since = 0.0
-        self.lagging = False
-
-
 class Fabric:
     def __init__(self, index: int, workers: int, epoch: int, runtime_dir: str, handler: FabricHandler, *,
                  hwm: int, window_bytes: int, stall_timeout: float) -> None:
@@ -124,7 +74,7 @@ class Fabric:
         self.window_bytes = window_bytes
         self.window_frames = max(16, hwm // 2)
         self.stall_timeout = stall_timeout
-        self.links = {p: _Link(p) for p in range(workers) if p != index}
+        self.links = {p: Link(p) for p in range(workers) if p != index}
         self._dirty: set[int] = set()
         self._waiters: list[tuple[dict[int, int] | None, Callable[[], None]]] = []
         self._asking = False   # a sync point was added since the last flush: the peers are asked for acks
@@ -328,15 +278,7 @@ class Fabric:
             if link.in_epoch >= 0:
                 log.info("worker %d restarted (epoch %d -> %d)", src, link.in_epoch, epoch)
                 self.handler.on_peer_reset(src)
-            link.in_epoch = epoch
-            link.in_seq = 0
-            link.processed = 0
-            link.unfinished.clear()
-            link.finished_early.clear()
-            link.ack_wanted = 0
-            link.in_msg_count = msgs_before
-            link.forget_inflight()
-            link.up = False
+            link.restart(epoch, msgs_before)
         acked = ack and ack_epoch == self.epoch  # an ack of our frames, not of our predecessor's
         if seq == 0:
             if flags & frames.WANT_ACK:
@@ -381,34 +323,18 @@ class Fabric:
         epoch, seq = token
         if link is None or link.in_epoch != epoch:
             return  # the peer restarted since: it waits for nothing of its predecessor's
-        unfinished = link.unfinished
-        if not unfinished or unfinished[0] != seq:
-            if seq in unfinished:
-                link.finished_early.add(seq)
-            return
-        unfinished.popleft()
-        early = link.finished_early
-        while unfinished and unfinished[0] in early:
-            early.discard(unfinished.popleft())
-        link.processed = unfinished[0] - 1 if unfinished else link.in_seq
-        if link.ack_wanted:
+        if link.finish(seq) and link.ack_wanted:
             self._ack_wanted(link, link.ack_wanted)
 
-    def _ack_wanted(self, link: _Link, upto: int) -> None:
+    def _ack_wanted(self, link: Link, upto: int) -> None:
         """The peer wants acks until every frame up to ``upto`` is processed: one at the next flush, and one after
         each frame finished until then (``finish``), so that a backlog worked off acknowledges as it goes."""
         link.ack_owed = True
         self.handler.schedule_flush()
         link.ack_wanted = 0 if link.processed >= upto else max(link.ack_wanted, upto)
 
-    def _on_ack(self, link: _Link, ack: int) -> None:
-        if ack > link.acked:
-            link.acked = ack
-            link.acked_at = time.monotonic()
-            inflight = link.inflight
-            while inflight and inflight[0][0] <= ack:
-                link.inflight_bytes -= inflight.popleft()[1]
-            link.waiting_since = link.acked_at if inflight else 0.0
+    def _on_ack(self, link: Link, ack: int) -> None:
+        link.take_ack(ack)
         if not link.up:
             link.up = True
             if not self._ready.done() and all(lk.up for lk in self.links.values()):
@@ -419,8 +345,8 @@ class Fabric:
             self._check_congestion()
 
     # -- flow control ---------------------------------------------------------------------------------------
-    def _window_full(self, link: _Link) -> bool:
-        return link.inflight_bytes > self.window_bytes or len(link.inflight) > self.window_frames
+    def _window_full(self, link: Link) -> bool:
+        return link.window_full(self.window_bytes, self.window_frames)
 
     def _check_congestion(self) -> None:
         now = time.monotonic()
@@ -494,18 +420,7 @@ class Fabric:
     # -- introspection --------------------------------------------------------------------------------------
     def stats(self) -> dict:
         now = time.monotonic()
-        links = {}
-        for p, lk in self.links.items():
-            links[str(p)] = {
-                "up": lk.up, "frames_out": lk.frames_out, "frames_in": lk.frames_in, "acks_out": lk.acks_out,
-                "messages_out": lk.messages_out, "messages_in": lk.messages_in,
-                "lost_frames": lk.lost_frames, "lost_messages": lk.lost_messages,
-                "inflight_bytes": lk.inflight_bytes, "inflight_frames": len(lk.inflight), "lagging": lk.lagging,
-                "dropped_messages": lk.dropped_messages, "stalls": lk.stalls,
-                # how long frames to the peer have waited with no ack moving (a peer acks at least once a second):
-                # /healthz reports a peer that stopped reading once this passes fabric.stall_timeout + 2 s
-                "unacked_seconds": round(now - lk.waiting_since, 3) if lk.waiting_since else 0.0,
-            }
+        links = {str(p): lk.stats(now) for p, lk in self.links.items()}
         total = lambda key: sum(getattr(lk, key) for lk in self.links.values())  # noqa: E731
         return {
             "links": links,

@@ -12,6 +12,7 @@ import typing
 import pytest
 
 from shardbroker.cluster import config as cfgmod
+from shardbroker.cluster.config.paths import directory_keys
 from harness import REPO
 
 
@@ -70,7 +71,7 @@ def test_every_directory_key_is_checked_at_load(tmp_path):
         cfgmod.load(None, overrides)
     # The keys are found by their metadata: a new directory key is checked without another line of code.
     unchecked = cfgmod.load(None, {"runtime.dir": "/x", "queues.data_dir": "/y"}, check_paths=False)
-    found = [key for key, _, _ in cfgmod._directory_keys(unchecked, "")]
+    found = [key for key, _, _ in directory_keys(unchecked, "")]
     assert sorted(found) == ["queues.data_dir", "runtime.dir"]
 
 

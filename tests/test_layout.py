@@ -22,10 +22,7 @@ OVER_LIMIT = {
     "workers/workqueues/shard.py": 1142,
     "workers/workqueues/model.py": 1048,
     "workers/hub.py": 1034,
-    "cluster/supervisor/core.py": 753,
-    "cluster/config/__init__.py": 730,
     "workers/workqueues/journal.py": 691,
-    "router/fabric.py": 531,
 }
 
 

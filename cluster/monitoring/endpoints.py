@@ -35,7 +35,7 @@ class Cluster(Protocol):
     listeners: list[Any]  # acceptor.Listener
     started: float
     server_id: str
-    slots: list[Any]  # supervisor.WorkerSlot | None, by worker index
+    slots: list[Any]  # supervisor.slots.WorkerSlot | None, by worker index
     tls_contexts: dict[str, Any]   # listener -> ssl.SSLContext (cluster.security.tls)
     tls_material: dict[str, str]   # certificate files as read
     admission: Any    # admission.Admission: its breaches

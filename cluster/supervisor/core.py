@@ -1,15 +1,20 @@
 """The supervisor: binds the listeners, runs the workers, hands them connections, stops everything cleanly.
 
 Modelled on gunicorn's arbiter.  Signal handlers only queue the signal; the main loop dispatches ``handle_<name>``
-and then keeps the real set of workers moving toward the wanted one (``_murder_unresponsive``; replacements are
-spawned as soon as a worker's exit is seen).
+and then keeps the real set of workers moving toward the wanted one (``slots.murder_unresponsive``; replacements
+are spawned as soon as a worker's exit is seen).
 
 Signals: TERM and INT stop gracefully (a second INT forces), QUIT stops at once, HUP reloads the configuration
-(cluster.supervisor.reload), USR2 enters lame duck mode (cluster.supervisor.lameduck; TERM does not cut it short).  ``brokerctl reload``
-and ``brokerctl lameduck`` do the same through the command socket (cluster.supervisor.core.command_socket).  systemd hears of all
-of it (cluster.supervisor.systemd, cluster.supervisor.core.service_status), and may pass the listeners (socket activation).  Exit codes: 0
-clean stop, 1 forced stop or runtime failure, 2 bad configuration (from the CLI; or listeners passed by systemd
-that the configuration does not enable), 3 a worker failed to boot.
+(cluster.supervisor.reload), USR2 enters lame duck mode (cluster.supervisor.lameduck; TERM does not cut it short).
+``brokerctl reload`` and ``brokerctl lameduck`` do the same through the command socket
+(cluster.supervisor.command_socket).  systemd hears of all of it (cluster.supervisor.systemd,
+cluster.supervisor.service_status), and may pass the listeners (socket activation).  Exit codes: 0 clean stop, 1
+forced stop or runtime failure, 2 bad configuration (from the CLI; or listeners passed by systemd that the
+configuration does not enable), 3 a worker failed to boot.
+
+The rooms beside this one: the listeners, passed or bound (cluster.supervisor.listeners); the worker slots and the
+abort of a stuck worker (cluster.supervisor.slots); which worker gets a connection (cluster.supervisor.handoff);
+what the workers say on the control channel, and the questions asked of them (cluster.supervisor.messages).
 """
 
 from __future__ import annotations
@@ -24,27 +29,28 @@ import resource
 import signal
 import socket
 import time
-from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from shardbroker.router import shardmap
 from shardbroker.workers import speedups
 
 from shardbroker.cluster import control, runtime
 from shardbroker.cluster.supervisor import datadir, systemd
-from shardbroker.cluster.config import protocols
 from shardbroker.cluster.security import tls
-from shardbroker.cluster.supervisor.acceptor import Acceptor, Listener, bind
+from shardbroker.cluster.supervisor.acceptor import Acceptor, Listener
 from shardbroker.cluster.supervisor.admission import Admission
 from shardbroker.cluster.supervisor.command_socket import CommandServer
 from shardbroker.cluster.config import Config, without_plaintext_passwords
+from shardbroker.cluster.supervisor.handoff import Handoff
 from shardbroker.cluster.supervisor.lameduck import LameDuck
 from shardbroker.cluster.supervisor.launch import WorkerProcess
+from shardbroker.cluster.supervisor.listeners import adopt, open_listeners
 from shardbroker.cluster.logs import flush_floods, setup_logging
+from shardbroker.cluster.supervisor.messages import WorkerMessages
 from shardbroker.cluster.supervisor.reload import Outcome, Reloader
 from shardbroker.cluster.security.manager import SecurityManager
 from shardbroker.cluster.supervisor.service_status import ServiceStatus
+from shardbroker.cluster.supervisor.slots import WorkerSlot, kill, left, murder_unresponsive
 
 if TYPE_CHECKING:
     from shardbroker.cluster.monitoring.endpoints import Monitor
@@ -59,26 +65,6 @@ log = logging.getLogger("broker.supervisor")
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_BOOT_FAILED = 0, 1, 2, 3
 NATS_PROTOCOL_LEVEL = "2.10.0"
 _CRASH_WINDOW, _CRASH_LIMIT = 60.0, 10   # more worker deaths than this within the window: stop, do not loop
-_ABORT_WAIT = 2.0   # seconds an aborted worker gets to write its stack trace and die before SIGKILL
-# The config key a passed listener stands in for (socket activation), by FileDescriptorName=.
-_SECTIONS = protocols.LISTENERS
-
-
-@dataclass(eq=False)
-class WorkerSlot:
-    index: int
-    epoch: int
-    process: Any
-    channel: control.Channel | None = None
-    state: str = "booting"                # booting -> ready -> dead
-    pid: int = 0
-    live: int = 0                          # connections handed to it and not reported closed
-    started: float = field(default_factory=time.monotonic)
-    last_heartbeat: float = field(default_factory=time.monotonic)
-    boot_error: str | None = None
-    aborted: float = 0.0                   # when a stuck worker was sent SIGABRT (0: never)
-    ldm_done: bool = False                 # in lame duck mode: it has no client left
-    restarts: int = 0                      # times worker `index` was replaced before this one (/metrics)
 
 
 class Supervisor:
@@ -94,20 +80,19 @@ class Supervisor:
         self.listeners: list[Listener] = []
         self.acceptor: Acceptor | None = None
         self.admission = Admission(lambda: self.config.limits)
+        self.handoff = Handoff(self)
+        self.messages = WorkerMessages(self)
         self.monitor: Monitor | None = None
         self.security: SecurityManager | None = None
         self.started = time.time()
         # Like nats-server's: 56 characters of base32 starting with N, new at every start.
         self.server_id = "N" + base64.b32encode(os.urandom(35)).decode()[:55]
         self._epoch = 0
-        self._next_cid = 0
         self._signals: asyncio.Queue[int] | None = None
         self._stop: str | None = None          # None, "graceful" or "fast"
         self._exit_code = EXIT_OK
         self._deaths: list[float] = []
-        self._booted: asyncio.Event | None = None
-        self._requests: dict[int, tuple[asyncio.Future, dict]] = {}
-        self._next_req = 0
+        self.booted: asyncio.Event | None = None
         self._version = ""
         # systemd (cluster.supervisor.systemd): taken from the environment in run(), so that no worker inherits it
         self.state = "starting"                # starting, ready, reloading, lame duck, stopping
@@ -120,8 +105,8 @@ class Supervisor:
         self.lame_duck: LameDuck | None = None
         self._lame_duck_ints = 0
         self.commands = CommandServer(self._command)
-        # TLS (cluster.security.tls): the certificate files as read at start or at the last reload, and the contexts made
-        # of them.  Workers get the material and make their own; monitoring's context is used here.
+        # TLS (cluster.security.tls): the certificate files as read at start or at the last reload, and the contexts
+        # made of them.  Workers get the material and make their own; monitoring's context is used here.
         self.tls_material: tls.Material = {}
         self.tls_contexts: dict[str, Any] = {}
 
@@ -154,7 +139,8 @@ class Supervisor:
                 return self._failed(f"queues.data_dir {queues.data_dir}: {exc.strerror or exc}",
                                     exc.errno or errno.EIO, EXIT_FAILED)
         try:
-            self.listeners = self._bind(self._adopt(systemd.listen_fds()))
+            self.listeners, self._monitor_sock = open_listeners(self.config, self.nworkers,
+                                                                adopt(self.config, systemd.listen_fds()))
         except systemd.ActivationError as exc:
             return self._failed(f"socket activation: {exc}", errno.EINVAL, EXIT_CONFIG)
         except OSError as exc:
@@ -191,77 +177,6 @@ class Supervisor:
         self.notifier.send(STATUS=reason, ERRNO=err)
         return code
 
-    def _adopt(self, passed: list[tuple[str, socket.socket]]) -> dict[str, socket.socket]:
-        """Which listener each socket passed by systemd is: its FileDescriptorName= if that names one (ndjson,
-        nats, bridge, qlite, monitoring), else the listener whose configured port is the socket's (one
-        shardbroker.socket unit with several ListenStream= gives every fd the unit's name)."""
-        cfg = self.config
-        enabled = {name: (protocols.listener_on(cfg, name), getattr(cfg, section).port)
-                   for name, section in _SECTIONS.items()}
-        out: dict[str, socket.socket] = {}
-        for name, sock in passed:
-            if sock.family not in (socket.AF_INET, socket.AF_INET6):
-                raise systemd.ActivationError(f"the passed listener {name!r} is not a TCP socket (ListenStream= "
-                                              f"takes an address and port here)")
-            port = sock.getsockname()[1]
-            if name not in enabled:
-                name = next((n for n, (on, p) in enabled.items() if on and p and p == port), name)
-            if name not in enabled:
-                raise systemd.ActivationError(
-                    f"the passed listener on port {port} is named {name!r} and no enabled listener is configured "
-                    f"on that port: name it (FileDescriptorName= {', '.join(enabled)}) or configure its port")
-            if not enabled[name][0]:
-                raise systemd.ActivationError(f"a {name} listener was passed, but {_SECTIONS[name]}.enabled is "
-                                              f"false")
-            if name in out:
-                raise systemd.ActivationError(f"two {name} listeners were passed")
-            out[name] = sock
-        return out
-
-    def _bind(self, passed: dict[str, socket.socket]) -> list[Listener]:
-        """The client listeners: those systemd passed (socket activation, after ``_adopt``), else bound here."""
-        cfg = self.config
-        self._monitor_sock = passed.pop("monitoring", None)
-        if self._monitor_sock is not None:
-            host, port = self._monitor_sock.getsockname()[:2]
-            log.info("monitoring: listening on %s:%d, passed by systemd (monitoring.bind and monitoring.port are "
-                     "not used)", host, port)
-        wanted = []
-        for p in protocols.enabled(cfg):
-            section = getattr(cfg, p.section)
-            # the NDJSON listener's bind is its own; the others default to it (Config.bind_for)
-            wanted.append((p.name, section.bind if not p.optional else cfg.bind_for(section.bind), section.port,
-                           p.refusal))
-        listeners = []
-        own = {p.name: dict(p.refusals) for p in protocols.PROTOCOLS}
-        # A qlite listener serves one queue: its connections go to the queue's owner, where every request they make
-        # is answered without a hop between workers (and qlite's connection limits are the whole broker's).
-        homes = {"qlite": shardmap.owner(cfg.qlite.queue, self.nworkers)}
-        for proto, host, port, refusal in wanted:
-            if proto in passed:
-                listeners.append(Listener(proto, passed.pop(proto), refusal, own.get(proto, {}), homes.get(proto)))
-                section = _SECTIONS[proto]
-                log.info("%s: listening on %s, passed by systemd (%s.bind and %s.port are not used)", proto,
-                         listeners[-1].describe(), section, section)
-                continue
-            try:
-                listeners.append(Listener(proto, bind(host, port), refusal, own.get(proto, {}), homes.get(proto)))
-            except OSError as exc:
-                for lst in listeners:
-                    lst.sock.close()
-                raise OSError(exc.errno, f"cannot listen for {proto} on {host}:{port}: {exc.strerror}") from None
-        if cfg.monitoring.enabled and self._monitor_sock is None:
-            # Bound here with the others: a port in use is one line and exit 1 before any worker starts, and the
-            # monitoring port answers from the first moment ("starting") to the last ("stopping").
-            host, port = cfg.monitoring.bind, cfg.monitoring.port
-            try:
-                self._monitor_sock = bind(host, port, backlog=128)
-            except OSError as exc:
-                for lst in listeners:
-                    lst.sock.close()
-                raise OSError(exc.errno, f"cannot listen for monitoring on {host}:{port}: {exc.strerror}") from None
-        return listeners
-
     async def _main(self) -> int:
         loop = asyncio.get_running_loop()
         self._signals = asyncio.Queue()
@@ -274,7 +189,7 @@ class Supervisor:
         self.status = ServiceStatus(self.notifier, self._watchdog_usec, self)
         self.status.start()
         self.status.set(f"starting {self.nworkers} workers")
-        self._booted = asyncio.Event()
+        self.booted = asyncio.Event()
         for i in range(self.nworkers):
             self._spawn(i, send_args=False)
         # The workers read their arguments once their own imports are done, which takes longer than this one.
@@ -290,7 +205,7 @@ class Supervisor:
             await self.monitor.start(sock=self._monitor_sock)
             self._monitor_sock = None   # the server owns it now
         if await self._wait_for_boot():
-            self.acceptor = Acceptor(self.listeners, self._handoff, self.admission.refusal)
+            self.acceptor = Acceptor(self.listeners, self.handoff.accepted, self.admission.refusal)
             self.acceptor.start()
             await self._start_commands()
             self._announce_ready()
@@ -301,7 +216,7 @@ class Supervisor:
                     sig = None
                 if sig:  # 0 only wakes the loop
                     getattr(self, f"handle_{signal.Signals(sig).name[3:].lower()}")()
-                self._murder_unresponsive()
+                murder_unresponsive(self.slots, self.config.workers.heartbeat_timeout)
                 if self.lame_duck is not None and self._stop is None and self.lame_duck.finished():
                     log.info("lame duck: every client is gone; stopping")
                     self._stop = "graceful"
@@ -322,8 +237,8 @@ class Supervisor:
         users = asyncio.ensure_future(self.security.load_configured_users())
         users.add_done_callback(lambda _: self._signals.put_nowait(0))  # wake the wait below
         try:
-            while not (self._booted.is_set() and users.done()) and self._stop is None:
-                if time.monotonic() > deadline and not self._booted.is_set():
+            while not (self.booted.is_set() and users.done()) and self._stop is None:
+                if time.monotonic() > deadline and not self.booted.is_set():
                     slow = [s.index for s in self.slots if s and s.state != "ready"]
                     self._halt(f"worker(s) {slow} did not boot within {self.config.workers.boot_timeout:g}s",
                                EXIT_BOOT_FAILED, errno.ETIMEDOUT)
@@ -339,7 +254,11 @@ class Supervisor:
                 users.cancel()
         if users.done() and not users.cancelled() and users.exception() is not None:
             self._halt(f"cannot load the configured users: {users.exception()}", EXIT_FAILED)
-        return self._booted.is_set() and self._stop is None
+        return self.booted.is_set() and self._stop is None
+
+    def wake(self) -> None:
+        """Wake the main loop (0 is no signal): it looks again at what changed."""
+        self._signals.put_nowait(0)
 
     def _announce_ready(self) -> None:
         parts = [f"{lst.protocol}={lst.describe()}" for lst in self.listeners]
@@ -438,7 +357,7 @@ class Supervisor:
         before = self.slots[index]
         slot = WorkerSlot(index, self._epoch, proc, pid=proc.pid,
                           restarts=before.restarts + 1 if before is not None else 0)
-        slot.channel = control.Channel(proc.ctl_sock, partial(self._on_worker_message, slot), lambda: None)
+        slot.channel = control.Channel(proc.ctl_sock, partial(self.messages.dispatch, slot), lambda: None)
         self.slots[index] = slot
         loop.add_reader(proc.sentinel, self._on_worker_exit, slot)
         if send_args:
@@ -466,62 +385,6 @@ class Supervisor:
             "broker": f"shardbroker {self._version}",
         }
 
-    def _on_worker_message(self, slot: WorkerSlot, msg: dict, fds: list[int]) -> None:
-        kind = msg.get("k")
-        if kind == "move":
-            self._move(slot, msg, fds)
-            return
-        for fd in fds:
-            os.close(fd)
-        if kind == "hb":
-            slot.last_heartbeat = time.monotonic()
-        elif kind == "closed":
-            for cid in msg.get("cids", ()):
-                if self.admission.closed(cid) == slot.index:
-                    slot.live = max(0, slot.live - 1)
-        elif kind == "claim":   # a login: may this connection act as that user (limits.max_connections_per_user)?
-            ok = self.admission.claim(int(msg["cid"]), str(msg["user"]))
-            slot.channel.send({"k": "reply", "req": msg.get("req"), "data": {"ok": ok}})
-        elif kind == "ready":
-            slot.state = "ready"
-            slot.last_heartbeat = time.monotonic()
-            if self._booted.is_set():
-                log.info("worker %d is back (pid %d)", slot.index, slot.pid)
-                if self.state == "ready":
-                    self.set_status(f"worker {slot.index} is back (pid {slot.pid})")
-            elif all(s is not None and s.state == "ready" for s in self.slots):
-                self._booted.set()
-                self._signals.put_nowait(0)  # wake _wait_for_boot now
-        elif kind == "boot_error":
-            slot.boot_error = str(msg.get("error"))
-        elif kind == "reply":
-            waiting = self._requests.pop(msg.get("req"), None)
-            if waiting is not None and not waiting[0].done():
-                waiting[0].set_result(msg.get("data"))
-        elif kind == "admin":
-            asyncio.ensure_future(self.security.admin(slot, msg))
-        elif kind == "users_ack":
-            self.security.acknowledged(slot, int(msg.get("v", 0)))
-        elif kind == "auth_fail":
-            self.security.auth_failure(str(msg.get("ip")))
-        elif kind == "auth_begin":   # may this worker check a password from that address now? (it may wait)
-            asyncio.ensure_future(self._auth_begin(slot, msg))
-        elif kind == "auth_end":
-            self.security.attempts.end(slot.index, str(msg.get("ip")), bool(msg.get("failed")))
-        elif kind == "ldm_done":
-            slot.ldm_done = True
-            self._signals.put_nowait(0)  # the main loop checks whether every worker is done
-        else:
-            log.error("unknown message %r from worker %d", kind, slot.index)
-
-    async def _auth_begin(self, slot: WorkerSlot, msg: dict) -> None:
-        address = str(msg.get("ip"))
-        ok = await self.security.attempts.begin(slot.index, address)
-        if ok and self.slots[slot.index] is not slot:   # it died while it waited: nobody will end that check
-            self.security.attempts.end(slot.index, address, failed=False)
-            return
-        slot.channel.send({"k": "reply", "req": msg.get("req"), "data": {"ok": ok}})
-
     def _on_worker_exit(self, slot: WorkerSlot) -> None:
         loop = asyncio.get_running_loop()
         loop.remove_reader(slot.process.sentinel)
@@ -535,12 +398,8 @@ class Supervisor:
             slot.channel.read_pending()  # what it said before it died (a move, closed connections) still counts
             unread += slot.channel.unsent()
             slot.channel.close()
-        self._rehand(slot, control.decode_all(unread))
-        for req, (fut, who) in list(self._requests.items()):   # questions it will never answer: now, not in 2 s
-            if who.get("pid") == slot.pid:
-                del self._requests[req]
-                if not fut.done():
-                    fut.set_result({**who, "unresponsive": True})
+        self.handoff.rehand(slot, control.decode_all(unread), stopping=self._stop is not None)
+        self.messages.forget(slot)   # questions it will never answer: now, not in 2 s
         self.security.worker_gone(slot.index)
         self.admission.worker_gone(slot.index)
         if self._stop is not None:
@@ -566,122 +425,13 @@ class Supervisor:
         self.set_status(f"worker {slot.index} died ({how}); replacing it")
         self._spawn(slot.index)
 
-    def _murder_unresponsive(self) -> None:
-        """A worker whose loop sent no heartbeat in time is aborted: SIGABRT, which its faulthandler turns into a
-        stack trace of every thread in the log (where was it stuck?), then SIGKILL if it is still there."""
-        now = time.monotonic()
-        timeout = self.config.workers.heartbeat_timeout
-        for slot in self.slots:
-            if slot is None or slot.state != "ready":
-                continue
-            if slot.aborted and now - slot.aborted > _ABORT_WAIT:
-                log.error("worker %d (pid %d) survived SIGABRT; killing it", slot.index, slot.pid)
-                _kill(slot.pid)
-                slot.aborted = 0.0
-                slot.last_heartbeat = now  # one kill per timeout, while the exit is being noticed
-            elif not slot.aborted and now - slot.last_heartbeat > timeout:
-                log.error("worker %d (pid %d) sent no heartbeat for %.1fs; aborting it (its stack trace follows)",
-                          slot.index, slot.pid, now - slot.last_heartbeat)
-                _kill(slot.pid, signal.SIGABRT)
-                _kill(slot.pid, signal.SIGCONT)   # a stopped process takes its SIGABRT only once it runs
-                slot.aborted = now
-
-    # -- connections ----------------------------------------------------------------------------------------
-    def _handoff(self, lst: Listener, conn, address: str) -> bool:
-        # Its home first (the qlite listener's queue owner), else the least loaded: while the home is being
-        # replaced its requests wait for the owner as any others do.
-        self._next_cid += 1
-        slot = self._give(self._choices(lst.home), {"k": "conn", "p": lst.protocol, "cid": self._next_cid}, conn)
-        if slot is None:
-            return False
-        slot.live += 1
-        self.admission.opened(self._next_cid, slot.index, address)
-        return True
-
-    def _move(self, src: WorkerSlot, msg: dict, fds: list[int]) -> None:
-        """A worker gives one of its connections to another (workers/protocols/ndjson/moves.py): hand it to ``to`` if that one is
-        ready and the broker is running as usual, else back to the worker that sent it."""
-        for fd in fds[1:]:
-            os.close(fd)
-        cid = int(msg["state"]["cid"])
-        to = msg.get("to")
-        dst = self.slots[to] if type(to) is int and 0 <= to < self.nworkers else None
-        choices = [src]
-        if dst is not None and dst is not src and self.state in ("ready", "reloading"):
-            choices.insert(0, dst)
-        sock = socket.socket(fileno=fds[0]) if fds else None
-        slot = self._give(choices, {"k": "conn", "p": msg.get("p"), "cid": cid, "moved": msg["state"],
-                                    "from": src.index}, sock)
-        if slot is src:
-            return
-        if slot is not None:
-            src.live = max(0, src.live - 1)
-            slot.live += 1
-            self.admission.moved(cid, slot.index)
-            return
-        if sock is not None:
-            sock.close()
-        log.error("connection %d could not be moved from worker %d: closed", cid, src.index)
-        if self.admission.closed(cid) == src.index:
-            src.live = max(0, src.live - 1)
-
-    def _choices(self, first: int | None) -> list[WorkerSlot]:
-        """The ready workers, ``first`` first if it is one of them, then the least loaded."""
-        return sorted((s for s in self.slots if s is not None and s.state == "ready"),
-                      key=lambda s: (s.index != first, s.live))
-
-    @staticmethod
-    def _give(choices: list[WorkerSlot], message: dict, sock: socket.socket | None) -> WorkerSlot | None:
-        """Hand ``sock`` to the first ready worker of ``choices``.  One killed a moment ago still looks ready
-        until the loop reads its exit; what it was sent meanwhile is read back then (``_rehand``)."""
-        slot = next((s for s in choices if s.state == "ready"), None)
-        if sock is None or slot is None or not slot.channel.send(message, sock=sock):
-            return None
-        return slot
-
-    def _rehand(self, dead: WorkerSlot, unread: list[tuple[dict, list[int]]]) -> None:
-        """The connections ``dead`` was sent and never read go to the ready workers instead (a moved one back to
-        the worker it came from, if it can), as if they had just been accepted: their clients notice nothing."""
-        for message, fds in unread:
-            for fd in fds[1:]:
-                os.close(fd)
-            if message.get("k") != "conn" or not fds:
-                continue
-            sock = socket.socket(fileno=fds[0])
-            cid = int(message["cid"])
-            slot = self._give(self._choices(message.get("from")), message, sock) if self._stop is None else None
-            if slot is None:
-                sock.close()
-                continue
-            slot.live += 1
-            self.admission.moved(cid, slot.index)
-            log.warning("worker %d died before taking connection %d; handed to worker %d", dead.index, cid,
-                        slot.index)
-
     def live_slots(self) -> list[WorkerSlot]:
         """The workers that are running (booting or ready)."""
         return [s for s in self.slots if s is not None and s.state != "dead"]
 
     async def query(self, message: dict, timeout: float = 2.0, slots: list[WorkerSlot] | None = None) -> list[dict]:
         """Ask every ready worker (or ``slots``); a worker that does not answer in time is reported as such."""
-        loop = asyncio.get_running_loop()
-        waits = []
-        for slot in self.slots if slots is None else slots:
-            if slot is None or (slots is None and slot.state != "ready") or slot.state == "dead":
-                continue
-            self._next_req += 1
-            fut = loop.create_future()
-            self._requests[self._next_req] = (fut, {"worker": slot.index, "pid": slot.pid})
-            slot.channel.send({**message, "req": self._next_req})
-            waits.append((self._next_req, slot, fut))
-        results = []
-        for req, slot, fut in waits:
-            try:
-                results.append(await asyncio.wait_for(fut, max(0.01, timeout)))
-            except TimeoutError:
-                self._requests.pop(req, None)
-                results.append({"worker": slot.index, "pid": slot.pid, "unresponsive": True})
-        return results
+        return await self.messages.query(message, timeout, slots)
 
     # -- stopping -------------------------------------------------------------------------------------------
     async def _shutdown(self) -> None:
@@ -690,13 +440,13 @@ class Supervisor:
         alive = self.live_slots()
         deadline = time.monotonic() + grace + 2.0
         # systemd's stop timeout is extended while connections and workers go (STOPPING=1 first)
-        self.status.drain("stopping", partial(_left, alive), deadline + 1.0)
+        self.status.drain("stopping", partial(left, alive), deadline + 1.0)
         if self.acceptor is not None:
             self.acceptor.close()
         await self.commands.close()
         if self._stop == "fast":
             for slot in alive:
-                _kill(slot.pid)
+                kill(slot.pid)
         else:
             for slot in alive:
                 slot.channel.send({"k": "stop", "grace": grace})
@@ -707,7 +457,7 @@ class Supervisor:
                 forced = True
                 for slot in alive:
                     if slot.state != "dead":
-                        _kill(slot.pid)
+                        kill(slot.pid)
             try:
                 sig = await asyncio.wait_for(self._signals.get(), 0.05)
             except TimeoutError:
@@ -718,27 +468,13 @@ class Supervisor:
                 self._exit_code = EXIT_FAILED
                 for slot in alive:
                     if slot.state != "dead":
-                        _kill(slot.pid)
+                        kill(slot.pid)
         if self.monitor is not None:   # last: "stopping" is a state an operator watches too
             await self.monitor.close()
         # The counts of lines still held back (a crash loop's "worker 0 is back" lines) come before `stopped`:
         # operations.md promises the log ends with it, and at exit they would come after.
         flush_floods()
         log.info("stopped")
-
-
-def _left(slots: list[WorkerSlot]) -> tuple[int, str]:
-    """What a stop still waits for: its progress, and the words for it (systemd's status line)."""
-    running = [s for s in slots if s.state != "dead"]
-    conns = sum(s.live for s in running)
-    return len(running) + conns, f"{len(running)} worker(s) and {conns} connection(s) left"
-
-
-def _kill(pid: int, sig: int = signal.SIGKILL) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _raise_open_files_limit() -> None:
