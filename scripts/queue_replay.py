@@ -42,7 +42,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from shardbroker.workers.message import KIND_JSON  # noqa: E402
 from shardbroker.workers.workqueues.journal import Journal  # noqa: E402
-from shardbroker.workers.workqueues.model import D_RECEIPT, Settings  # noqa: E402
+from shardbroker.workers.workqueues.messages import D_RECEIPT  # noqa: E402
+from shardbroker.workers.workqueues.rules import Settings  # noqa: E402
 from shardbroker.workers.workqueues.shard import Shard  # noqa: E402
 
 QUEUE = "jobs"

@@ -10,7 +10,7 @@ import nats
 
 from harness import Raw, on_worker
 from shardbroker.workers.workqueues.journal import Journal
-from shardbroker.workers.workqueues.model import Settings
+from shardbroker.workers.workqueues.rules import Settings
 from shardbroker.workers.workqueues.shard import Shard
 from test_qlite import Q, SECRETS, answer, qport
 from shardbroker.workers.protocols.qlite import codec

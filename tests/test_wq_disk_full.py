@@ -23,8 +23,10 @@ import pytest
 
 from harness import Broker, free_space, on_worker, small_disk
 from shardbroker.workers.workqueues.journal import Journal
-from shardbroker.workers.workqueues.model import D_RECEIPT, Settings
-from shardbroker.workers.workqueues.shard import JOURNAL_UNAVAILABLE, Shard
+from shardbroker.workers.workqueues.messages import D_RECEIPT
+from shardbroker.workers.workqueues.rules import Settings
+from shardbroker.workers.workqueues.shard import Shard
+from shardbroker.workers.workqueues.shard_commit import JOURNAL_UNAVAILABLE
 
 REFUSED = {"ok": False, "error": JOURNAL_UNAVAILABLE, "retry": True}
 HAVE_DEV_FULL = os.path.exists("/dev/full")

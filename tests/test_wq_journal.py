@@ -12,9 +12,10 @@ import zlib
 
 import pytest
 
-from shardbroker.workers.workqueues import journal as jmod
+from shardbroker.workers.workqueues import journal as jmod, journal_codec, journal_disk
 from shardbroker.workers.workqueues.journal import Journal
-from shardbroker.workers.workqueues.model import D_ID, D_RECEIPT, DATA, MS, SEQ, Settings
+from shardbroker.workers.workqueues.messages import D_ID, D_RECEIPT, DATA, MS, SEQ
+from shardbroker.workers.workqueues.rules import Settings
 
 RECORDS = [
     ("orders", ("push", 1, "aWQtMQ==", b"\x00hello\xff" * 3, 4, 1_700_000_000_000_000_000, 0, 0, "", "", 0)),
@@ -64,8 +65,8 @@ def test_on_disk_format(tmp_path):
     body = raw[8:8 + n]
     assert zlib.crc32(body) == crc
     assert marshal.loads(body) == RECORDS[0]
-    assert raw[:8 + n] == jmod.encode(*RECORDS[0])
-    assert len(raw) == sum(len(jmod.encode(q, r)) for q, r in RECORDS[:2])
+    assert raw[:8 + n] == journal_codec.encode(*RECORDS[0])
+    assert len(raw) == sum(len(journal_codec.encode(q, r)) for q, r in RECORDS[:2])
 
 
 def test_file_created_private(tmp_path):
@@ -96,8 +97,8 @@ def test_commit_is_one_write(tmp_path, monkeypatch):
     path = tmp_path / "j"
     j = Journal(str(path))
     calls = []
-    real = jmod._write
-    monkeypatch.setattr(jmod, "_write", lambda fd, data: calls.append(len(data)) or real(fd, data))
+    real = journal_disk.write
+    monkeypatch.setattr(journal_disk, "write", lambda fd, data: calls.append(len(data)) or real(fd, data))
     for queue, record in RECORDS:
         j.append(queue, record)
     j.commit()
@@ -108,8 +109,8 @@ def test_commit_is_one_write(tmp_path, monkeypatch):
 def test_partial_writes_are_continued(tmp_path, monkeypatch):
     path = tmp_path / "j"
     j = Journal(str(path))
-    real = jmod._write
-    monkeypatch.setattr(jmod, "_write", lambda fd, data: real(fd, bytes(data[:7])))
+    real = journal_disk.write
+    monkeypatch.setattr(journal_disk, "write", lambda fd, data: real(fd, bytes(data[:7])))
     for queue, record in RECORDS:
         j.append(queue, record)
     j.commit()
@@ -124,7 +125,7 @@ def test_failed_commit_leaves_a_clean_file_and_retries(tmp_path, monkeypatch):
     j.append(*RECORDS[0])
     j.commit()
     good = os.path.getsize(path)
-    real = jmod._write
+    real = journal_disk.write
     state = {"n": 0}
 
     def flaky(fd, data):
@@ -133,7 +134,7 @@ def test_failed_commit_leaves_a_clean_file_and_retries(tmp_path, monkeypatch):
             return real(fd, bytes(data[:5]))   # part of a record, then the disk is full
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(jmod, "_write", flaky)
+    monkeypatch.setattr(journal_disk, "write", flaky)
     for queue, record in RECORDS[1:]:
         j.append(queue, record)
     with pytest.raises(OSError):
@@ -243,7 +244,7 @@ def test_replay_across_read_chunks(tmp_path, monkeypatch):
     records.insert(250, ("q", ("push", 1000, "big", os.urandom(3 << 20), 0, 0, 0, 0, "", "", 0)))
     write(path, records)
     assert replay(path) == records
-    monkeypatch.setattr(jmod, "_CHUNK", 37)
+    monkeypatch.setattr(journal_disk, "CHUNK", 37)
     assert replay(path) == records
 
 
@@ -370,7 +371,7 @@ def test_a_rewrite_while_serving_keeps_what_was_appended_while_it_ran(tmp_path, 
     assert not j.rewrite_written and not j.finish_rewrite()
     synced, written_back = [], []
     monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd))
-    monkeypatch.setattr(jmod, "_writeback", lambda fd, offset, length, advice: written_back.append(advice))
+    monkeypatch.setattr(journal_disk, "writeback", lambda fd, offset, length, advice: written_back.append(advice))
     flush()
     assert (len(synced), written_back) == ((1, []) if durable else (0, [os.POSIX_FADV_DONTNEED]))
     assert j.rewrite_written and j.rewrite_flush() is None
@@ -413,9 +414,9 @@ def test_a_rewrite_while_serving_syncs_in_the_event_loop_only_for_always(tmp_pat
     fsyncs, dirs, copies = [], [], []
     here = threading.current_thread().name
     monkeypatch.setattr(os, "fsync", lambda fd: fsyncs.append(threading.current_thread().name))
-    monkeypatch.setattr(jmod, "_sync_dir", lambda d: dirs.append((d, threading.current_thread().name)))
-    real_copy = jmod._copy
-    monkeypatch.setattr(jmod, "_copy", lambda src, a, b, fd: (copies.append((a, b)), real_copy(src, a, b, fd)))
+    monkeypatch.setattr(journal_disk, "sync_dir", lambda d: dirs.append((d, threading.current_thread().name)))
+    real_copy = journal_disk.copy
+    monkeypatch.setattr(journal_disk, "copy", lambda src, a, b, fd: (copies.append((a, b)), real_copy(src, a, b, fd)))
     flusher = threading.Thread(target=flush, name="flush")
     flusher.start()
     flusher.join()
@@ -439,7 +440,7 @@ def test_a_rewrite_while_serving_syncs_in_the_event_loop_only_for_always(tmp_pat
                 raise failure.pop()
             calls.append(fd)
 
-        monkeypatch.setattr(jmod, "_sync", sync)
+        monkeypatch.setattr(journal_disk, "sync", sync)
         clock[0] += 1.0
         j.tick()                                        # a sync that fails: its directory is not synced either
         j._syncer.wait()
@@ -524,8 +525,8 @@ def syncs(monkeypatch):
     """Count fsyncs and drive the journal's clock by hand."""
     calls = []
     clock = [1000.0]
-    monkeypatch.setattr(jmod, "_sync", lambda fd: calls.append(fd))
-    monkeypatch.setattr(jmod, "_monotonic", lambda: clock[0])
+    monkeypatch.setattr(journal_disk, "sync", lambda fd: calls.append(fd))
+    monkeypatch.setattr(journal_disk, "monotonic", lambda: clock[0])
     return calls, clock
 
 
@@ -602,7 +603,7 @@ def test_an_everysec_fsync_holds_up_no_commit_and_its_failure_is_raised_by_the_n
     import time
 
     clock = [1000.0]
-    monkeypatch.setattr(jmod, "_monotonic", lambda: clock[0])
+    monkeypatch.setattr(journal_disk, "monotonic", lambda: clock[0])
     release = threading.Event()
     started = []
     outcome = [None]
@@ -613,7 +614,7 @@ def test_an_everysec_fsync_holds_up_no_commit_and_its_failure_is_raised_by_the_n
         if outcome[0] is not None:
             raise outcome[0]
 
-    monkeypatch.setattr(jmod, "_sync", slow_sync)
+    monkeypatch.setattr(journal_disk, "sync", slow_sync)
     path = tmp_path / "j"
     j = Journal(str(path), fsync="everysec")
     j.append(*RECORDS[0])
@@ -662,7 +663,7 @@ def test_an_everysec_journal_keeps_room_allocated_past_its_end_and_gives_it_back
     j = Journal(str(path), fsync="everysec")
     j.append(*RECORDS[0])
     j.commit()                                  # the first sync: the least room
-    if jmod._fallocate is None:
+    if journal_disk.fallocate is None:
         j.close()
         pytest.skip("no fallocate(2) with FALLOC_FL_KEEP_SIZE for this directory's filesystem")
     assert room() >= jmod.RESERVE_MIN
@@ -919,12 +920,12 @@ def test_a_snapshot_rebuilds_the_queue_as_it_was_when_taken(tmp_path, monkeypatc
     import asyncio
     import time
 
-    from shardbroker.workers.workqueues import model
+    from shardbroker.workers.workqueues import queue_snapshot
     from shardbroker.workers.workqueues.shard import Shard
 
-    monkeypatch.setattr(model, "SNAPSHOT_RUN", 7)
-    monkeypatch.setattr(model, "SNAPSHOT_BYTES", 300)
-    monkeypatch.setattr(model, "SNAPSHOT_PUSHCOL", 3)
+    monkeypatch.setattr(queue_snapshot, "SNAPSHOT_RUN", 7)
+    monkeypatch.setattr(queue_snapshot, "SNAPSHOT_BYTES", 300)
+    monkeypatch.setattr(queue_snapshot, "SNAPSHOT_PUSHCOL", 3)
 
     async def run():
         shard = Shard(0, Settings(), Journal(str(tmp_path / "q.journal")), lambda: None, 256)
@@ -981,10 +982,10 @@ def test_a_compaction_step_waits_for_the_end_of_a_turn(tmp_path, monkeypatch):
     import asyncio
     import time
 
-    from shardbroker.workers.workqueues import model
+    from shardbroker.workers.workqueues import queue_snapshot
     from shardbroker.workers.workqueues.shard import Shard
 
-    monkeypatch.setattr(model, "SNAPSHOT_RUN", 10)
+    monkeypatch.setattr(queue_snapshot, "SNAPSHOT_RUN", 10)
 
     async def run():
         flushes = []
@@ -1026,10 +1027,10 @@ def test_the_shard_compacts_a_batch_per_turn_and_keeps_the_journal_when_that_fai
     import asyncio
     import time
 
-    from shardbroker.workers.workqueues import model
+    from shardbroker.workers.workqueues import queue_snapshot
     from shardbroker.workers.workqueues.shard import Shard
 
-    monkeypatch.setattr(model, "SNAPSHOT_RUN", 10)
+    monkeypatch.setattr(queue_snapshot, "SNAPSHOT_RUN", 10)
     path = str(tmp_path / "q.journal")
 
     async def run():
@@ -1080,9 +1081,9 @@ def test_the_shard_compacts_a_batch_per_turn_and_keeps_the_journal_when_that_fai
                 raise OSError(errno.ENOSPC, "No space left on device")
             return os.write(fd, data)
 
-        monkeypatch.setattr(jmod, "_write", full_disk)
+        monkeypatch.setattr(journal_disk, "write", full_disk)
         await compaction_fails_with("No space left on device")
-        monkeypatch.setattr(jmod, "_write", os.write)
+        monkeypatch.setattr(journal_disk, "write", os.write)
 
         def failing_disk(fd):   # the sync of a durable journal's rewrite, in its thread
             raise OSError(errno.EIO, "Input/output error")
@@ -1098,7 +1099,7 @@ def test_records_of_older_journals_still_replay(tmp_path):
     ``requeue``) replay into the same queue."""
     import asyncio
 
-    from shardbroker.workers.workqueues.model import receipt_text
+    from shardbroker.workers.workqueues.receipts import receipt_text
     from shardbroker.workers.workqueues.shard import Shard
 
     path = str(tmp_path / "old.journal")
@@ -1134,10 +1135,10 @@ def test_ready_order_matches_a_heap_of_priority_and_seq():
     import heapq
     import random
 
-    from shardbroker.workers.workqueues.model import _Ready
+    from shardbroker.workers.workqueues.ready import Ready
 
     rng = random.Random(11)
-    ready, ref = _Ready(), []
+    ready, ref = Ready(), []
     seq = 0
     for _ in range(20_000):
         r = rng.random()
@@ -1187,24 +1188,24 @@ def test_receipt_and_id_pools():
     pool refill); a forked child draws its own."""
     import base64
 
-    from shardbroker.workers.workqueues import model
+    from shardbroker.workers.workqueues import receipts
 
     seen = set()
     for n in (1, 1, 300, 7, 1000, 1):
-        for text in model.new_receipts(n):
+        for text in receipts.new_receipts(n):
             raw = base64.urlsafe_b64decode(text + "==")
             assert len(text) == 22 and len(raw) == 16 and b";" not in raw and b"\0" not in raw
-            assert model.receipt_text(raw) == text
+            assert receipts.receipt_text(raw) == text
             seen.add(text)
     assert len(seen) == 1 + 1 + 300 + 7 + 1000 + 1
-    ids = model.new_ids(500) + [model.new_id() for _ in range(300)]
+    ids = receipts.new_ids(500) + [receipts.new_id() for _ in range(300)]
     assert len(set(ids)) == 800 and all(len(i) == 16 for i in ids)
-    model.new_receipts(1)                        # the pool holds receipts now
-    assert model._receipt_pool
+    receipts.new_receipts(1)                     # the pool holds receipts now
+    assert receipts._receipt_pool
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
-        os.write(w, b"1" if not model._receipt_pool and not model._id_pool else b"0")
+        os.write(w, b"1" if not receipts._receipt_pool and not receipts._id_pool else b"0")
         os._exit(0)
     os.waitpid(pid, 0)
     assert os.read(r, 1) == b"1"

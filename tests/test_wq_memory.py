@@ -8,10 +8,12 @@ import gc
 
 import pytest
 
-from shardbroker.workers.workqueues import history, model, shard as shard_mod
+from shardbroker.workers.workqueues import history, model, queue_leases, shard_timer
 from shardbroker.workers.workqueues.journal import Journal
 from shardbroker.workers.message import KIND_JSON
-from shardbroker.workers.workqueues.model import D_RECEIPT, MS, Queue, Settings
+from shardbroker.workers.workqueues.messages import D_RECEIPT, MS
+from shardbroker.workers.workqueues.model import Queue
+from shardbroker.workers.workqueues.rules import Settings
 from shardbroker.workers.workqueues.shard import Shard
 
 
@@ -33,7 +35,7 @@ def test_acked_leases_leave_the_deadline_heap():
         else:
             assert q.ack_many([d[D_RECEIPT]], now) == [{"ok": True}]
     assert q.in_flight == len(held) == 300
-    limit = 2 * q.in_flight + model._DEADLINES_SLACK + 1
+    limit = 2 * q.in_flight + queue_leases.DEADLINES_SLACK + 1
     assert q._deadline_refs <= limit and len(q._deadlines) <= limit
     assert len(q._deadlines) < 3_000     # 30,000 before: one per lease granted
     assert q._deadline_refs == sum(len(r) for _, r in q._deadlines)
@@ -49,7 +51,7 @@ def test_extended_leases_keep_one_live_entry():
     (d,) = q.lease(now, 1, 60_000, None)
     for i in range(5_000):
         q.extend(d[D_RECEIPT], now + i * MS, 60_000)
-    assert len(q._deadlines) <= 2 * 1 + model._DEADLINES_SLACK + 1 and len(q._deadlines) < 2_000
+    assert len(q._deadlines) <= 2 * 1 + queue_leases.DEADLINES_SLACK + 1 and len(q._deadlines) < 2_000
     deadline = q.leases[d[D_RECEIPT]][2]
     q.expire(deadline - 1)
     assert q.in_flight == 1
@@ -218,7 +220,7 @@ def test_served_long_polls_leave_the_due_heap():
         waiting = [s.handle("recv", {"queue": "jobs", "max": 1, "wait_ms": 300_000}, (0, 3), box.append)
                    for _ in range(10)]
         assert len(waiting) == 10 and len(s.waiters["jobs"]) == 10
-        assert len(s._due) <= 2 * s._due_live + shard_mod._DUE_SLACK + 1
+        assert len(s._due) <= 2 * s._due_live + shard_timer._DUE_SLACK + 1
         assert len(s._due) < 20_000 // 2
         # the waiting polls still end at their deadlines
         for _ in range(3):
@@ -260,7 +262,7 @@ def test_a_shard_forgets_a_queue_only_after_a_whole_sweep_without_anything_done_
 
 
 def test_a_shards_tick_keeps_its_queues_histories_within_the_budget(monkeypatch):
-    monkeypatch.setattr(shard_mod, "HISTORY_BUDGET", 500)
+    monkeypatch.setattr(shard_timer, "HISTORY_BUDGET", 500)
 
     async def body():
         s = Shard(0, Settings(), Journal(None), lambda: None, 256)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from shardbroker.workers.workqueues import core
 from shardbroker.workers.workqueues.journal import Journal
-from shardbroker.workers.workqueues.model import Settings
+from shardbroker.workers.workqueues.rules import Settings
 from shardbroker.workers.workqueues.service import QueueService
 from shardbroker.workers.workqueues.shard import Shard
 

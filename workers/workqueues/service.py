@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Callable, Protocol
 from shardbroker.router import control, shardmap
 from shardbroker.workers.turn import TURN_BUDGET, Turn
 
-from shardbroker.workers.workqueues.model import DLQ_SUFFIX
 from shardbroker.workers.workqueues.operations import ADMIN, BY_NAME, OPERATIONS, PUBLISH
+from shardbroker.workers.workqueues.rules import DLQ_SUFFIX
 from shardbroker.workers.workqueues.shard import Shard
 
 if TYPE_CHECKING:

@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 
 from shardbroker.router.subjects import is_valid_literal
-from shardbroker.workers.message import KIND_RAW, as_bytes
 from shardbroker.workers.protocols.nats.codec import Outgoing
+from shardbroker.workers.message import KIND_RAW, as_bytes
 
 from shardbroker.workers.workqueues import fields as known
 from shardbroker.workers.workqueues.operations import OPERATIONS
-from shardbroker.workers.workqueues.model import D_DATA, D_DELIVERIES, D_ID, D_KIND, D_RECEIPT, MS
+from shardbroker.workers.workqueues.messages import D_DATA, D_DELIVERIES, D_ID, D_KIND, D_RECEIPT, MS
 from shardbroker.workers.workqueues.service import PUSH_WORK, allowed
-from shardbroker.workers.workqueues.shard import MAX_BATCH, MAX_WAIT_MS
+from shardbroker.workers.workqueues.shard_requests import MAX_BATCH, MAX_WAIT_MS
 
 if TYPE_CHECKING:
     from shardbroker.workers.hub import Hub
@@ -264,7 +264,7 @@ def _answer(session: Session, reply: str | None, op: str, result: dict, args: di
             if sub.conn.headers and not sub.max_msgs:   # the common case: its frames made here, in one loop
                 _deliveries(hub, sub, reply_b, queue, messages)
                 continue
-            for m in messages:   # model.D_* tuples
+            for m in messages:   # messages.D_* tuples
                 ack = f"$Q.ACK.{queue}.{m[D_RECEIPT]}".encode()
                 if not _deliver(hub, [sub], Outgoing(reply_b, ack, _delivery_headers(m), as_bytes(m[D_KIND],
                                                                                                    m[D_DATA]))):
@@ -295,7 +295,7 @@ _CHUNK = 1 << 16   # payload bytes of a receive's frames joined at most into one
 
 
 def _delivery_headers(m: tuple) -> bytes:
-    """The header block of a received message (a ``model.D_*`` tuple) as it goes to a NATS consumer."""
+    """The header block of a received message (a ``messages.D_*`` tuple) as it goes to a NATS consumer."""
     return ("NATS/1.0\r\nQ-Receipt: %s\r\nQ-Deliveries: %d\r\nQ-Msg-Id: %s\r\n\r\n"
             % (m[D_RECEIPT], m[D_DELIVERIES], m[D_ID])).encode()
 
@@ -306,7 +306,7 @@ def _deliveries(hub: "Hub", sub: "Subscription", reply_b: bytes, queue: str, mes
     head = b"HMSG %s %s $Q.ACK.%s." % (reply_b, sub.sid, queue.encode())
     frames = []
     size = 0
-    for m in messages:   # model.D_* tuples
+    for m in messages:   # messages.D_* tuples
         block = _delivery_headers(m)
         body = as_bytes(m[D_KIND], m[D_DATA])
         n = len(block) + len(body)

@@ -26,7 +26,7 @@ from shardbroker.workers.speedups import qpush_batch, unplain
 from shardbroker.workers.workqueues import core, fields as known
 from shardbroker.workers.workqueues.operations import OPERATIONS
 from shardbroker.workers.workqueues.service import PUSH_WORK, allowed
-from shardbroker.workers.workqueues.shard import MAX_BATCH
+from shardbroker.workers.workqueues.shard_requests import MAX_BATCH
 
 
 
@@ -65,7 +65,7 @@ _CANONICAL_BATCH = frozenset(("op", "queue", "messages", "id", *_FIELDS["push"])
 
 
 def _message(m: tuple) -> bytes:
-    """One delivery (a ``model.D_*`` tuple) as the JSON object a ``qrecv`` reply lists.  Ids and receipts are
+    """One delivery (a ``messages.D_*`` tuple) as the JSON object a ``qrecv`` reply lists.  Ids and receipts are
     base64url, which JSON takes as it is."""
     mid, receipt, kind, data, deliveries, priority, enqueued_at, reason, source = m
     extra = b""

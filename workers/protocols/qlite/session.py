@@ -41,7 +41,9 @@ from shardbroker.workers.message import KIND_RAW, as_bytes
 from shardbroker.workers.tally import Tally
 
 from shardbroker.workers.protocols.qlite import codec
-from shardbroker.workers.workqueues.model import D_DATA, D_KIND, D_RECEIPT, DLQ_SUFFIX, receipt_bytes, receipt_text
+from shardbroker.workers.workqueues.messages import D_DATA, D_KIND, D_RECEIPT
+from shardbroker.workers.workqueues.receipts import receipt_bytes, receipt_text
+from shardbroker.workers.workqueues.rules import DLQ_SUFFIX
 
 if TYPE_CHECKING:
     from shardbroker.cluster.security.users import User
@@ -402,7 +404,7 @@ class QliteSession(Connection):
         if not messages:
             self._reply(codec.fail(empty))
             return
-        m = messages[0]   # a model.D_* tuple
+        m = messages[0]   # a messages.D_* tuple
         if self.closed:   # nobody will read it: the lease goes back now (the original cancels an unsent hide)
             self._ask("nack", {"receipt": m[D_RECEIPT], "delay_ms": 0}, lambda result: None)
             self.hub.queue_service.connection_closed(self.cid)   # forget this connection again
