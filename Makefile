@@ -32,12 +32,12 @@ setup: $(VENV)/.installed
 # The suite runs the hot path both compiled and pure (tests/test_speedups.py): once install-test-deps has made
 # sure of a C compiler and Python's headers, build the extension if the first install could not.
 setup-test: $(VENV)/.installed-test
-	PYTHON=$(BIN)/python scripts/install-test-deps
+	PYTHON=$(BIN)/python scripts/dev/install-test-deps
 	@$(BIN)/python -c 'import shardbroker.workers._speedups, shardbroker.workers.workqueues._qcore' 2>/dev/null \
 		|| $(BIN)/python -m pip install --quiet -e .
 
 setup-bench: $(VENV)/.installed-bench
-	PYTHON=$(BIN)/python scripts/install-test-deps
+	PYTHON=$(BIN)/python scripts/dev/install-test-deps
 
 # The package's bytecode, written now: workers start with the supervisor's interpreter flags, and with -B (set by
 # PYTHONDONTWRITEBYTECODE) each worker would compile its modules again at every start, ~0.15 s of a broker's start-up

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 # Each command imports what it needs: `start` is on the broker's start-up path, and the client (asyncio), orjson
-# and the password prompts are not.  (scripts/startup_time.py measures it; see docs/performance-notes.md.)
+# and the password prompts are not.  (scripts/measure/startup_time.py measures it; see docs/performance-notes.md.)
 from shardbroker.cli.connect import (
     admin_connection_options, connect as _connect, connection_options as _connection_options, given, parse_data,
     shared_option,

@@ -1,4 +1,4 @@
-"""The quick faults of scripts/faults.py, as tests: each promise of docs/reliability.md checked once.  The long
+"""The quick faults of scripts/stress/faults.py, as tests: each promise of docs/reliability.md checked once.  The long
 measurements (100 kills, a soak) are the scripts' to run."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts" / "stress"))
 
 import faults  # noqa: E402
 

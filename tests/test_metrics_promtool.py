@@ -1,5 +1,5 @@
 """Prometheus' own checker on a real scrape, and the alerting rules under `promtool test rules`
-(scripts/install-test-deps installs promtool; without it these are skipped)."""
+(scripts/dev/install-test-deps installs promtool; without it these are skipped)."""
 
 import shutil
 import subprocess
@@ -10,7 +10,7 @@ from harness import REPO, Raw
 from test_metrics import scrape
 
 PROMTOOL = shutil.which("promtool")
-pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (scripts/install-test-deps)")
+pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (scripts/dev/install-test-deps)")
 RULES = REPO / "deploy" / "prometheus"
 
 

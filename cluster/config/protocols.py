@@ -38,7 +38,7 @@ PROTOCOLS: tuple[Protocol, ...] = (
     Protocol("nats", "nats", 4222, "shardbroker.workers.protocols.nats.session:NatsSession", refusal=b"-ERR 'maximum connections exceeded'\r\n",
              tls_refusal=b"-ERR 'Secure Connection - TLS Required'\r\n", greets_first=True),
     Protocol("bridge", "bridge", 9090, "shardbroker.workers.protocols.bridge.session:BridgeSession", refusal=b"F", tls_refusal=b"F"),
-    # qlite's FAIL frame (workers/workqueues/qlite_codec.fail); its clients wait for the server's greeting, so a
+    # qlite's FAIL frame (workers/protocols/qlite/codec.fail); its clients wait for the server's greeting, so a
     # plaintext one on a TLS port never gets an answer: it times out, as against qlite itself.
     Protocol("qlite", "qlite", 7070, "shardbroker.workers.protocols.qlite.session:QliteSession",
              refusal=b"E\x00\x00\x00FAIL;error: the max amount of connections have already been connected",

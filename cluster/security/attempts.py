@@ -27,7 +27,7 @@ from shardbroker.cluster.config import SecurityConfig
 log = logging.getLogger("broker.security")
 
 # Checks one address may have waiting for their turn: a legitimate client may open thousands of connections at
-# once from one address (a NAT, a load test: scripts/soak.py logs in 10,000), and a wait costs a future here.
+# once from one address (a NAT, a load test: scripts/stress/soak.py logs in 10,000), and a wait costs a future here.
 _QUEUED_MAX = 4096
 _WAIT_S = 20.0      # the longest one waits (a worker gives up on the supervisor's answer after 30 s)
 _ADDRESSES_MAX = 10_000

@@ -55,7 +55,7 @@ from shardbroker.cluster.supervisor.slots import WorkerSlot, kill, left, murder_
 if TYPE_CHECKING:
     from shardbroker.cluster.monitoring.endpoints import Monitor
 
-# Start-up (docs/performance-notes.md, scripts/startup_time.py): the workers' interpreters are started all at once,
+# Start-up (docs/performance-notes.md, scripts/measure/startup_time.py): the workers' interpreters are started all at once,
 # without importing any of their modules here; what the supervisor needs only once they are up (monitoring, the
 # package version) is imported while they import theirs, and the configured passwords are hashed on threads
 # meanwhile.

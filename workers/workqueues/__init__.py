@@ -28,7 +28,7 @@ log = logging.getLogger("broker.queues")
 # containers (the request, its arguments, its reply) alive until the end of the turn that answers it, and a turn
 # answers up to a hundred or more: at 700 the young generation is collected several times per turn and every
 # survivor is walked again in the next generation.  At 2,000 single pushes cost ~15 % less and the collector
-# ~4 times less in all (scripts/queue_hotpath.py --gc-threshold: 211 -> 58 ms per 200,000 pushes and their
+# ~4 times less in all (scripts/measure/queue_hotpath.py --gc-threshold: 211 -> 58 ms per 200,000 pushes and their
 # receive+ack), with a young collection's median pause 0.13 ms (10,000 saves no more, and its pauses are ~2 ms).
 # Queued messages themselves are untracked tuples (``model``), never walked.
 GC_THRESHOLD = 2_000

@@ -21,7 +21,7 @@ from shardbroker.workers.workqueues.receipts import ID_CHARS
 LIMBO = -1                       # delay_at of a journal snapshot's leased message until its lease record
 # A batch of a journal snapshot (one step of a rewrite while serving): this many messages, or about this much of
 # their data.  ~0.04 ms a batch of 128-byte messages: a step runs at the end of a turn, and a request that arrives
-# meanwhile waits for it (1,024 a batch: ~0.16 ms; scripts/serving_latency.py --during compaction).
+# meanwhile waits for it (1,024 a batch: ~0.16 ms; scripts/measure/serving_latency.py --during compaction).
 SNAPSHOT_RUN = 256
 SNAPSHOT_BYTES = 1 << 18
 SNAPSHOT_PUSHCOL = 8             # runs of messages pushed together this long or longer: pushcol records

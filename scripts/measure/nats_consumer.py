@@ -5,7 +5,7 @@ message it got (``$Q.ACK.<queue>.<receipt>``, no reply subject, as nats-py's ``m
 receive.  Reported: messages a second, and the broker's CPU (all its processes) per message received and acked,
 on a one-worker broker (docs/queues.md, NATS).
 
-    .venv/bin/python scripts/nats_consumer.py                   # 100,000 messages, three rounds
+    .venv/bin/python scripts/measure/nats_consumer.py                   # 100,000 messages, three rounds
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 from harness import Broker, NatsFrames, measured_broker, nats_ready  # noqa: E402
 

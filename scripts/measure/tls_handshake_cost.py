@@ -5,7 +5,7 @@ The server's side of full handshakes (no session resumption) is timed alone, cli
 BIOs in this one process, so neither the network nor the client's work is counted: P-256 and RSA-2048
 certificates, TLS 1.3 and 1.2.  The certificates are made with the openssl command.
 
-    python scripts/tls_handshake_cost.py [--count 500]
+    python scripts/measure/tls_handshake_cost.py [--count 500]
 """
 
 from __future__ import annotations

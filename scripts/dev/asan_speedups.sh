@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The compiled hot path (workers/_speedups.c) under AddressSanitizer and UndefinedBehaviorSanitizer: builds a
 # sanitized copy in a scratch directory and checks it against workers/purepath.py on random and mutated input.
-#   scripts/asan_speedups.sh [inputs] [seed]        (default 200000 inputs, seed 1; a few minutes on 2 cores)
+#   scripts/dev/asan_speedups.sh [inputs] [seed]        (default 200000 inputs, seed 1; a few minutes on 2 cores)
 # Any out-of-bounds read or write, use after free or undefined behaviour aborts with a report; a result that
 # differs from the reference fails an assertion.
 set -euo pipefail

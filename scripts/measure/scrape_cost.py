@@ -1,7 +1,7 @@
 """What a monitoring request costs with many connections: /metrics, /varz and /connz (sorted, one page, as nats-top
 and brokerctl top ask, and the whole list).  docs/operations.md quotes its output.
 
-    python scripts/scrape_cost.py --workers 2 --connections 10000
+    python scripts/measure/scrape_cost.py --workers 2 --connections 10000
 
 Starts a broker (tests/harness.py), opens the connections (a tenth of them subscribed), then times each request
 from the client's side; the broker is otherwise idle.
@@ -19,7 +19,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 from harness import Broker  # noqa: E402
 

@@ -2,8 +2,8 @@
 """What each spelling of a push costs the broker: the CPU of its processes per message stored, for pipelined
 pushes of 120-byte strings over one NDJSON connection to a one-worker broker (docs/queues.md, qpush).
 
-    .venv/bin/python scripts/push_forms.py                      # every form, twice, alternately
-    .venv/bin/python scripts/push_forms.py --forms single,dedup --messages 400000
+    .venv/bin/python scripts/measure/push_forms.py                      # every form, twice, alternately
+    .venv/bin/python scripts/measure/push_forms.py --forms single,dedup --messages 400000
 
 Forms: ``single`` (the canonical ``{"op":"qpush","queue":Q,"data":D}``, taken a run at a time), ``priority`` (the
 same with ``,"priority":4`` after the data, also a run at a time), ``delay`` (``,"delay_ms":60000``, likewise),
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 from harness import measured_broker, nats_ready  # noqa: E402
 

@@ -2,8 +2,8 @@
 """What one hop between two worker processes costs, ZeroMQ (the fabric's PUB/SUB over ipc://, each side an event
 loop watching the socket's FD, as router/fabric.py does) against a plain Unix socket between the same two loops.
 
-    .venv/bin/python scripts/fabric_hop.py                 # 20,000 round trips a second for 5 s, each way
-    .venv/bin/python scripts/fabric_hop.py --rate 5000 --seconds 10
+    .venv/bin/python scripts/measure/fabric_hop.py                 # 20,000 round trips a second for 5 s, each way
+    .venv/bin/python scripts/measure/fabric_hop.py --rate 5000 --seconds 10
 
 Each message goes there and back (a ping-pong at a fixed rate, like the bench's latency scenario); half the round
 trip is the one-way hop.  The difference between the two lines is what ZeroMQ's I/O threads add: a ZeroMQ message

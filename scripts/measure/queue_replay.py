@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """How long a worker takes to rebuild its work queues from the journal: replay time per million messages.
 
-    .venv/bin/python scripts/queue_replay.py                   # 1,000,000 pushes of 128-byte data, 3 replays
-    .venv/bin/python scripts/queue_replay.py -n 200000 --consumed 0.5 --runs 1
-    .venv/bin/python scripts/queue_replay.py --together 50     # pipelined pushes: 50 arrive in each turn
+    .venv/bin/python scripts/measure/queue_replay.py                   # 1,000,000 pushes of 128-byte data, 3 replays
+    .venv/bin/python scripts/measure/queue_replay.py -n 200000 --consumed 0.5 --runs 1
+    .venv/bin/python scripts/measure/queue_replay.py --together 50     # pipelined pushes: 50 arrive in each turn
 
 Builds a journal the way a worker does (``workers.workqueues``: a ``Shard`` with a ``Journal`` on a temporary file,
 inside an asyncio loop): ``-n`` pushes to one queue (``--data`` bytes of JSON data each, the default 128),
@@ -34,11 +34,9 @@ import gc
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from shardbroker.workers.message import KIND_JSON  # noqa: E402
 from shardbroker.workers.workqueues.journal import Journal  # noqa: E402
@@ -68,7 +66,7 @@ async def build(path: str, n: int, size: int, batch: int, consumed: float, toget
     t0 = time.perf_counter()
     run: list[bytes] = []
     for i in range(1, n + 1):
-        if together > 1:   # a run of pipelined pushes, as NDJSON hands it over (ndjson_ops.push_run): one clock
+        if together > 1:   # a run of pipelined pushes, as NDJSON hands it over (protocols.ndjson.queue_verbs.push_run): one clock
             run.append(b'"%0*d"' % (digits, i))
             if len(run) == together or i == n:
                 handle("pushes", {"queue": QUEUE, "pushes": run}, HOLDER, reply)

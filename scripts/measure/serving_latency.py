@@ -9,9 +9,9 @@ meanwhile: a client asks for a queue's ``qstat``, one request at a time, while o
   ``everysec``, or ``--fsync``), while another client pushes as fast as it can (and drains what it pushed now
   and then).  Round trips over ``--seconds``.
 
-    .venv/bin/python scripts/serving_latency.py --during compaction
-    .venv/bin/python scripts/serving_latency.py --during fsync
-    .venv/bin/python scripts/serving_latency.py --during fsync --fsync no
+    .venv/bin/python scripts/measure/serving_latency.py --during compaction
+    .venv/bin/python scripts/measure/serving_latency.py --during fsync
+    .venv/bin/python scripts/measure/serving_latency.py --during fsync --fsync no
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 from harness import Broker, Raw  # noqa: E402
 

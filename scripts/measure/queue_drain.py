@@ -3,8 +3,8 @@
 scheduler's own account of who ran: a fresh broker (2 workers, the bench's queue bounds), N messages pushed in
 batches of 1000, then one consumer (receives of 100, each batch acked with the next receive) empties the queue.
 
-    .venv/bin/python scripts/queue_drain.py                      # 1,000,000 messages, the journal on
-    .venv/bin/python scripts/queue_drain.py --no-journal --runs 3
+    .venv/bin/python scripts/measure/queue_drain.py                      # 1,000,000 messages, the journal on
+    .venv/bin/python scripts/measure/queue_drain.py --no-journal --runs 3
 
 For each run: the drain's rate, and for the owner's threads and this process (the consumer) how much of the drain
 they ran and waited for a CPU (``/proc/<pid>/task/<tid>/schedstat``), their context switches, and the CPU each
@@ -18,11 +18,9 @@ import argparse
 import asyncio
 import json
 import os
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import psutil  # noqa: E402
 

@@ -5,8 +5,8 @@ responder subscribed to ``svc`` answers each on its reply subject.  Both are raw
 ``--window`` requests unanswered.  Reported: requests a second, and the server's CPU (all its processes) per
 request, for this broker and, where installed, nats-server, alternately.
 
-    .venv/bin/python scripts/request_reply.py                   # 200,000 requests, three rounds, one worker
-    .venv/bin/python scripts/request_reply.py --workers 2 --requests 100000
+    .venv/bin/python scripts/measure/request_reply.py                   # 200,000 requests, three rounds, one worker
+    .venv/bin/python scripts/measure/request_reply.py --workers 2 --requests 100000
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent.parent / "tests")]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 from shardbroker.cli.bench import servers  # noqa: E402
 from harness import nats_ready  # noqa: E402

@@ -3,14 +3,14 @@
 and journal of two workers, with the fabric between them replaced by a stand-in that marshals each turn's control
 items as the real one does (``router.frames``), and transports that accept every write.
 
-    .venv/bin/python scripts/queue_hotpath.py                 # push, then receive+ack across workers
-    .venv/bin/python scripts/queue_hotpath.py --batch 100     # pushes as batch requests of 100 messages
-    .venv/bin/python scripts/queue_hotpath.py --extra ',"priority":4'   # single pushes not in canonical form
-    .venv/bin/python scripts/queue_hotpath.py --profile       # cProfile of each phase (slower; look at ratios)
-    .venv/bin/python scripts/queue_hotpath.py --no-journal    # queues.journal false
-    .venv/bin/python scripts/queue_hotpath.py --local         # the consumer on the owner, as the bench has it
-    .venv/bin/python scripts/queue_hotpath.py --gc off        # the collector off (or: freeze)
-    .venv/bin/python scripts/queue_hotpath.py --gc-threshold 700   # the collector's first threshold
+    .venv/bin/python scripts/measure/queue_hotpath.py                 # push, then receive+ack across workers
+    .venv/bin/python scripts/measure/queue_hotpath.py --batch 100     # pushes as batch requests of 100 messages
+    .venv/bin/python scripts/measure/queue_hotpath.py --extra ',"priority":4'   # single pushes not in canonical form
+    .venv/bin/python scripts/measure/queue_hotpath.py --profile       # cProfile of each phase (slower; look at ratios)
+    .venv/bin/python scripts/measure/queue_hotpath.py --no-journal    # queues.journal false
+    .venv/bin/python scripts/measure/queue_hotpath.py --local         # the consumer on the owner, as the bench has it
+    .venv/bin/python scripts/measure/queue_hotpath.py --gc off        # the collector off (or: freeze)
+    .venv/bin/python scripts/measure/queue_hotpath.py --gc-threshold 700   # the collector's first threshold
 
 Phases, as in ``brokerctl bench``: the producer's connection is on the queue's owner (worker 0), the consumer's on
 the other worker (1).  ``push``: pipelined pushes, a read of 64 KiB at a time, then the end of the turn (journal
@@ -32,12 +32,10 @@ import marshal
 import os
 import pstats
 import shutil
-import sys
 import tempfile
 import time
 import zlib
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import orjson  # noqa: E402
 
@@ -46,7 +44,7 @@ from shardbroker.workers import workqueues  # noqa: E402
 from shardbroker.workers.auth import Authenticator  # noqa: E402
 from shardbroker.workers.hub import Hub  # noqa: E402
 from shardbroker.workers.protocols.ndjson.session import NdjsonSession  # noqa: E402
-from hotpath import NullTransport  # noqa: E402  (scripts/hotpath.py, beside this file)
+from hotpath import NullTransport  # noqa: E402  (scripts/measure/hotpath.py, beside this file)
 
 
 class Transport(NullTransport):

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Delivery latency to connected subscribers while many clients authenticate at once.
 
-    .venv/bin/python scripts/auth_storm.py                       # 50 clients, 600,000 PBKDF2 iterations, 1 worker
-    .venv/bin/python scripts/auth_storm.py --clients 200 --iterations 100000
+    .venv/bin/python scripts/measure/auth_storm.py                       # 50 clients, 600,000 PBKDF2 iterations, 1 worker
+    .venv/bin/python scripts/measure/auth_storm.py --clients 200 --iterations 100000
 
 Starts a broker with security on (one worker, so that every connection shares its event loop), keeps a publisher
 sending timestamped messages at a fixed rate to an authenticated subscriber, and reports the delivery latency
@@ -17,11 +17,9 @@ import argparse
 import asyncio
 import json
 import os
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from shardbroker.cli.bench.measure import percentiles  # noqa: E402
 from shardbroker.cli.bench.servers import start_broker  # noqa: E402

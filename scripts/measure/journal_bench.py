@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Cost of the work-queue journal (``workers/workqueues/journal.py``), in-process, on a temporary file:
 
-    .venv/bin/python scripts/journal_bench.py                      # 1,000,000 push records, a commit every 64
-    .venv/bin/python scripts/journal_bench.py --fsync everysec --batch 16 --data 1024
+    .venv/bin/python scripts/measure/journal_bench.py                      # 1,000,000 push records, a commit every 64
+    .venv/bin/python scripts/measure/journal_bench.py --fsync everysec --batch 16 --data 1024
 
 Appends push-like records (``('push', seq, id, data, 4, time_ns, 0, 0, '', '', 0)``, the data ``--data`` random
 bytes), committing every ``--batch`` records as the shard does once per event-loop turn, then replays the file.
@@ -15,11 +15,9 @@ from __future__ import annotations
 import argparse
 import base64
 import os
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from shardbroker.workers.workqueues.journal import FSYNC_MODES, Journal  # noqa: E402
 

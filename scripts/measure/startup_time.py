@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """How long the broker takes to start: from exec to the ready line, and to HTTP 200 on /varz.
 
-    .venv/bin/python scripts/startup_time.py                        # N = 1, 2, 4; security off and on; 10 runs each
-    .venv/bin/python scripts/startup_time.py --workers 2 --runs 20 --security off
-    .venv/bin/python scripts/startup_time.py --nats-server          # nats-server's own start-up, for comparison
-    .venv/bin/python scripts/startup_time.py --bytecode             # with compiled bytecode, as an installed package
+    .venv/bin/python scripts/measure/startup_time.py                        # N = 1, 2, 4; security off and on; 10 runs each
+    .venv/bin/python scripts/measure/startup_time.py --workers 2 --runs 20 --security off
+    .venv/bin/python scripts/measure/startup_time.py --nats-server          # nats-server's own start-up, for comparison
+    .venv/bin/python scripts/measure/startup_time.py --bytecode             # with compiled bytecode, as an installed package
 
 Each run starts ``python -m shardbroker.cli start --workers N --port 0 --nats-port 0 --monitor-port 0`` in its own session,
 reads its stderr until the ready line (which names the monitoring port), then polls ``/varz`` until it answers
@@ -40,7 +40,7 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 READY = re.compile(rb"ready: (.*) workers=(\d+) pids=([\d,]+)")
 
 

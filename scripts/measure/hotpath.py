@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Per-message cost of the broker's hot path, in-process: no sockets, no other processes, nothing but the code.
 
-    .venv/bin/python scripts/hotpath.py nats 1          # a NATS publisher and one NATS subscriber on one worker
-    .venv/bin/python scripts/hotpath.py ndjson 10       # an NDJSON publisher and ten subscribers
-    .venv/bin/python scripts/hotpath.py nats 1 --profile
+    .venv/bin/python scripts/measure/hotpath.py nats 1          # a NATS publisher and one NATS subscriber on one worker
+    .venv/bin/python scripts/measure/hotpath.py ndjson 10       # an NDJSON publisher and ten subscribers
+    .venv/bin/python scripts/measure/hotpath.py nats 1 --profile
 
 A profiling aid for changes to the hot path (docs/performance-notes.md), not a benchmark of the broker: throughput on
 real sockets is measured by ``brokerctl bench``.  The sessions and the hub are the real ones; the transport is a
@@ -15,12 +15,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
-import os
 import pstats
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from shardbroker.cluster.config import load  # noqa: E402
 from shardbroker.workers.auth import Authenticator  # noqa: E402

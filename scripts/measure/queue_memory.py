@@ -2,8 +2,8 @@
 """The memory a work queue keeps per message, measured: push and ack ``--messages`` messages through one queue and
 sample the RSS of both workers (docs/reliability.md, Soak).
 
-    .venv/bin/python scripts/queue_memory.py --messages 300000
-    .venv/bin/python scripts/queue_memory.py --messages 300000 --config '{"queues": {"visibility_timeout": 1}}'
+    .venv/bin/python scripts/measure/queue_memory.py --messages 300000
+    .venv/bin/python scripts/measure/queue_memory.py --messages 300000 --config '{"queues": {"visibility_timeout": 1}}'
 
 The producer and the consumer connect to the worker that does NOT own the queue, as the soak's clients mostly do,
 so every push carries a token (kept in ``workers/workqueues/history.py``) and every reply crosses the fabric.  Each round pushes 100
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 from harness import Broker, on_worker  # noqa: E402
 

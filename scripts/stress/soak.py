@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Soak: hold 10,000 connections with steady traffic for a given time, and record whether the broker stays flat.
 
-    .venv/bin/python scripts/soak.py --duration 1200 --out docs/soak     # what docs/reliability.md records
-    .venv/bin/python scripts/soak.py --duration 60 --connections 2000    # a short look
+    .venv/bin/python scripts/stress/soak.py --duration 1200 --out docs/soak     # what docs/reliability.md records
+    .venv/bin/python scripts/stress/soak.py --duration 60 --connections 2000    # a short look
 
 Starts a broker (tests/harness.py: 2 workers, security on so that logins are real, cheap PBKDF2 so that they do
 not dominate), then opens the connections from one asyncio process and keeps them busy:
@@ -37,7 +37,7 @@ from pathlib import Path
 import orjson
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 from harness import Broker  # noqa: E402
 
@@ -337,7 +337,7 @@ def main() -> int:
     first = {r["process"]: r for r in rows if r["t"] == rows[0]["t"]} if rows else {}
     last = {r["process"]: r for r in rows if r["t"] == rows[-1]["t"]} if rows else {}
     summary = {
-        "command": "python scripts/soak.py " + " ".join(sys.argv[1:]),
+        "command": "python scripts/stress/soak.py " + " ".join(sys.argv[1:]),
         "duration_s": args.duration, "connections": args.connections, "workers": args.workers, **extra,
         "published": sent, "expected_deliveries": expected, "delivered": st.delivered,
         "lost": st.lost, "duplicates": st.duplicates,
