@@ -4,7 +4,7 @@ One level per token, with a dict of literal children plus a ``*`` slot and a ``>
 Values are opaque and hashable (a subscription object, a worker index); a value may be stored under several patterns
 and a pattern may hold several values.  Empty branches are pruned on removal, so memory follows live patterns only.
 
-Caching of match results is the caller's business (see ``workers.hub``): the trie exposes a ``generation`` that
+Caching of match results is the caller's business (see ``router.routes``): the trie exposes a ``generation`` that
 changes on every insert and remove, which is what a cache needs to know.
 """
 

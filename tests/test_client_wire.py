@@ -1,6 +1,7 @@
 """The client side's codecs (cli/wire: NDJSON, NATS, RESP), sans I/O: what they write, byte for byte; what they read,
 fed whole, split at every position and one byte at a time, with partial frames and errors; and, where the broker
-has the other end (workers/protocols/ndjson/codec.py, workers/protocols/nats/codec.py), that each end reads what the other writes."""
+has the other end (workers/protocols/ndjson/codec.py, workers/protocols/nats/codec.py, workers/delivery.py),
+that each end reads what the other writes."""
 
 from __future__ import annotations
 
@@ -114,13 +115,14 @@ def test_ndjson_replies_and_deliveries():
 
 
 def test_ndjson_prefixes_are_how_the_broker_starts_replies_and_deliveries():
+    from shardbroker.workers import delivery
     from shardbroker.workers.protocols.ndjson import codec as ndjson_codec
     from shardbroker.workers.message import KIND_JSON
     for line in (ndjson_codec.OK, ndjson_codec.reply({"id": 1}), ndjson_codec.reply_with({}, {"info": {}})):
         assert line.startswith(ndjson.OK) and line.startswith(ndjson.REPLY)
     for line in (ndjson_codec.error("bad"), ndjson_codec.reply({}, "bad")):
         assert line.startswith(ndjson.REPLY) and not line.startswith(ndjson.OK)
-    line = ndjson_codec.delivery(ndjson_codec.delivery_prefix("a.b"), KIND_JSON, b'{"n":1}', "inbox", None)
+    line = delivery.ndjson_delivery(delivery.ndjson_prefix("a.b"), KIND_JSON, b'{"n":1}', "inbox", None)
     assert line.startswith(ndjson.DELIVERY)
     [obj] = ndjson.Decoder().feed(line)
     assert ndjson.delivery(obj) == ("a.b", {"n": 1}, {"reply": "inbox"})
@@ -159,24 +161,25 @@ def test_nats_commands_are_what_the_broker_reads():
 
 def _server_stream() -> tuple[bytes, list]:
     """What a NATS server may send, and the items ``parse(..., controls=True)`` reads of it."""
+    from shardbroker.workers.delivery import Outgoing
     from shardbroker.workers.protocols.nats import codec as nats_codec
     items: list = []
     out = [nats_codec.info(b'{"server_id":"x","client_id":7}')]
     items.append(b'INFO {"server_id":"x","client_id":7} ')
-    plain = nats_codec.Outgoing(b"a.b", None, None, b"hello")
+    plain = Outgoing(b"a.b", None, None, b"hello")
     out.append(plain.msg_line(b"1") + plain.body)
     items.append((b"a.b", b"", b"", b"hello"))
-    tricky = nats_codec.Outgoing(b"c", b"_INBOX.9", b"NATS/1.0\r\nK: v\r\n\r\n", b"MSG x 1 3\r\nabc\r\n")
+    tricky = Outgoing(b"c", b"_INBOX.9", b"NATS/1.0\r\nK: v\r\n\r\n", b"MSG x 1 3\r\nabc\r\n")
     out.append(tricky.msg_line(b"2") + tricky.body)
     items.append((b"c", b"_INBOX.9", b"", b"MSG x 1 3\r\nabc\r\n"))
     out.append(tricky.hmsg_line(b"2") + tricky.hbody)
     items.append((b"c", b"_INBOX.9", b"NATS/1.0\r\nK: v\r\n\r\n", b"MSG x 1 3\r\nabc\r\n"))
-    hplain = nats_codec.Outgoing(b"d", None, b"NATS/1.0\r\n\r\n", b"")
+    hplain = Outgoing(b"d", None, b"NATS/1.0\r\n\r\n", b"")
     out.append(hplain.hmsg_line(b"3") + hplain.hbody)
     items.append((b"d", b"", b"NATS/1.0\r\n\r\n", b""))
     out += [nats_codec.PING, nats_codec.OK, nats_codec.PONG, nats_codec.no_responders(b"_INBOX.q", b"4")]
     items += [b"PING", b"+OK", b"PONG", (b"_INBOX.q", b"", b"NATS/1.0 503\r\n\r\n", b"")]
-    empty = nats_codec.Outgoing(b"e", None, None, b"")
+    empty = Outgoing(b"e", None, None, b"")
     out.append(empty.msg_line(b"5") + empty.body)
     items.append((b"e", b"", b"", b""))
     return b"".join(out), items

@@ -19,7 +19,6 @@ FOLDERS = ("cluster", "workers", "router", "cli")
 
 # Modules still over the limit, with the most lines each may have until it is split (the compiled .c files aside).
 OVER_LIMIT = {
-    "workers/hub.py": 1034,
 }
 
 

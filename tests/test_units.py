@@ -11,6 +11,7 @@ from shardbroker.router import frames
 from shardbroker.router.shardmap import owner
 from shardbroker.router.subjects import covers, is_valid_literal, is_valid_pattern
 from shardbroker.router.sublist import Sublist
+from shardbroker.workers import delivery
 from shardbroker.workers.protocols.ndjson import codec
 from shardbroker.workers.message import KIND_JSON, KIND_RAW
 
@@ -165,11 +166,12 @@ def test_ndjson_exact_data_encoding():
 
 
 def test_ndjson_delivery_of_raw_payloads():
-    prefix = codec.delivery_prefix("t")
-    assert codec.delivery(prefix, KIND_RAW, b"hi", None, None) == b'{"topic":"t","data":"hi"}\n'
-    assert codec.delivery(prefix, KIND_RAW, b"\xff", None, None) == \
+    prefix = delivery.ndjson_prefix("t")
+    assert delivery.ndjson_delivery(prefix, KIND_RAW, b"hi", None, None) == b'{"topic":"t","data":"hi"}\n'
+    assert delivery.ndjson_delivery(prefix, KIND_RAW, b"\xff", None, None) == \
         b'{"topic":"t","data":"/w==","encoding":"base64"}\n'
-    assert codec.delivery(prefix, KIND_JSON, b"1", "r.1", None) == b'{"topic":"t","data":1,"reply":"r.1"}\n'
+    assert delivery.ndjson_delivery(prefix, KIND_JSON, b"1", "r.1", None) == \
+        b'{"topic":"t","data":1,"reply":"r.1"}\n'
 
 
 def test_control_messages_are_chunked_and_reassembled():

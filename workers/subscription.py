@@ -16,4 +16,4 @@ class Subscription:
         self.queue = queue
         self.delivered = 0
         self.max_msgs = 0           # NATS UNSUB <sid> <max>: unsubscribe after this many (0: no limit)
-        self.party: str | None = None   # whose share it counts against while it stands (Hub.subscribe)
+        self.party: str | None = None   # whose share it counts against while it stands (Interest.subscribe)

@@ -1,4 +1,4 @@
-"""A client connection speaking Bridge's binary protocol (see ``bridge_codec`` and docs/bridge.md).
+"""A client connection speaking Bridge's binary protocol (see ``protocols.bridge.codec`` and docs/bridge.md).
 
 Fixed against the original: a connection may carry several commands (any number of ``S`` and ``U``, then at most
 one ``P``, whose data runs to the end of the stream); ``U`` really unsubscribes; there is no per-publish heartbeat,

@@ -197,40 +197,6 @@ def _size(token: bytes) -> int:
 
 # -- server to client ------------------------------------------------------------------------------------------
 
-def msg_tail(reply: str | None, payload: bytes) -> bytes:
-    """What follows ``MSG <subject> <sid>`` in a message without headers: the same for every subscriber."""
-    if reply:
-        return b" %s %d\r\n%s\r\n" % (reply.encode(), len(payload), payload)
-    return b" %d\r\n%s\r\n" % (len(payload), payload)
-
-
-class Outgoing:
-    """One message as NATS subscribers receive it: the parts shared by all of them, built once.
-
-    Per subscriber only the sid differs: ``MSG <subject> <sid> [reply] <size>\\r\\n<payload>\\r\\n``, or HMSG with
-    the header block for subscribers that negotiated headers.
-    """
-
-    __slots__ = ("head", "tail", "body", "htail", "hbody")
-
-    def __init__(self, subject: bytes, reply: bytes | None, headers: bytes | None, payload: bytes) -> None:
-        reply_part = b" " + reply if reply else b""
-        self.head = b"MSG " + subject + b" "
-        self.tail = reply_part + b" " + str(len(payload)).encode() + CRLF
-        self.body = payload + CRLF
-        if headers is not None:
-            self.htail = reply_part + b" %d %d\r\n" % (len(headers), len(headers) + len(payload))
-            self.hbody = headers + payload + CRLF
-        else:
-            self.htail = self.hbody = b""
-
-    def msg_line(self, sid: bytes) -> bytes:
-        return self.head + sid + self.tail
-
-    def hmsg_line(self, sid: bytes) -> bytes:
-        return b"H" + self.head + sid + self.htail
-
-
 def no_responders(reply: bytes, sid: bytes) -> bytes:
     """The status message nats-server (2.9) sends a requester when nobody is subscribed to the subject."""
     return b"HMSG " + reply + b" " + sid + b" 16 16\r\nNATS/1.0 503\r\n\r\n\r\n"

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 
 from shardbroker.router.subjects import is_valid_literal
-from shardbroker.workers.protocols.nats.codec import Outgoing
+from shardbroker.workers.delivery import Outgoing
 from shardbroker.workers.message import KIND_RAW, as_bytes
 
 from shardbroker.workers.workqueues import fields as known

@@ -25,6 +25,7 @@ from shardbroker.router.subjects import covers, is_valid_pattern
 
 from shardbroker.workers.protocols.nats import codec
 from shardbroker.workers.connection import Connection
+from shardbroker.workers.delivery import Outgoing
 from shardbroker.workers.hub import Hub
 from shardbroker.workers.subscription import Subscription
 from shardbroker.workers.message import KIND_RAW
@@ -369,13 +370,13 @@ class NatsSession(Handshake, Connection):
             self.hub.unsubscribe(sub)
 
     # -- delivery -------------------------------------------------------------------------------------------
-    def frame_for(self, sub: Subscription, out: codec.Outgoing) -> bytes:
+    def frame_for(self, sub: Subscription, out: Outgoing) -> bytes:
         """A message with headers: HMSG if this client negotiated them, MSG with the payload alone otherwise."""
         if self.headers and out.hbody:
             return out.hmsg_line(sub.sid) + out.hbody
         return out.msg_line(sub.sid) + out.body
 
-    def payload_size(self, out: codec.Outgoing) -> int:
+    def payload_size(self, out: Outgoing) -> int:
         """What ``frame_for`` delivers, as nats-server counts it: the header block (if sent) and the payload."""
         return len(out.hbody) - 2 if self.headers and out.hbody else len(out.body) - 2
 

@@ -1,4 +1,5 @@
-"""Jolt's NDJSON protocol as bytes: framing, request parsing, replies and deliveries.  No sockets here.
+"""Jolt's NDJSON protocol as bytes: framing, request parsing and replies.  No sockets here.  Deliveries are the
+core's (``workers.delivery``), which the hub writes for fan-out.
 
 Framing: one JSON object per line, ``\\n``-terminated (a ``\\r`` before it is JSON whitespace and ignored).  A line
 longer than the limit is reported as ``None`` in the list of lines, and nothing after it is returned: the session
@@ -19,8 +20,6 @@ from __future__ import annotations
 import json
 
 import orjson
-
-from shardbroker.workers.message import KIND_JSON, as_json
 
 OK = b'{"ok":true}\n'
 
@@ -163,31 +162,3 @@ def reply_with(req: dict, fields: dict) -> bytes:
     if rid is not None:
         body["id"] = rid
     return orjson.dumps(body) + b"\n"
-
-
-def delivery_prefix(subject: str) -> bytes:
-    return b'{"topic":' + orjson.dumps(subject) + b',"data":'
-
-
-def delivery(prefix: bytes, kind: int, payload: bytes, reply_to: str | None, headers: bytes | None) -> bytes:
-    """A delivery line, built once per message for all its NDJSON subscribers."""
-    if kind == KIND_JSON and reply_to is None and headers is None:
-        return prefix + payload + b"}\n"
-    payload, b64 = as_json(kind, payload)
-    extra: dict = {}
-    if b64:
-        extra["encoding"] = "base64"
-    if reply_to is not None:
-        extra["reply"] = reply_to
-    if headers is not None:
-        extra["headers"] = headers.decode("utf-8", "replace")
-    if not extra:
-        return prefix + payload + b"}\n"
-    return prefix + payload + b"," + orjson.dumps(extra)[1:] + b"\n"
-
-
-def deliveries(prefix: bytes, kind: int, payloads: list[bytes], reply_to: str | None) -> list[bytes]:
-    """``delivery`` for each message of a run without headers."""
-    if kind == KIND_JSON and reply_to is None:
-        return [prefix + payload + b"}\n" for payload in payloads]
-    return [delivery(prefix, kind, payload, reply_to, None) for payload in payloads]

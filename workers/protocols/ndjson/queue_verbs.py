@@ -102,7 +102,7 @@ def _pushed(req: dict, result: dict) -> bytes:
 
 def _exact_values(line: bytes) -> list:
     """The batch's ``data`` values read again with the standard library, which keeps integers beyond 64 bits
-    exact (as ``ndjson_codec.encode_data`` does for one message)."""
+    exact (as ``protocols.ndjson.codec.encode_data`` does for one message)."""
     items = json.loads(line.decode()).get("messages")
     return [item.get("data") if type(item) is dict else None for item in items]
 
@@ -135,7 +135,7 @@ def _batch_data(line: bytes, items: list) -> list:
         # numbers orjson would not keep exact (once for the line, not per message)
         return [(_exact(value), KIND_JSON, item.get("priority"), item.get("delay_ms"))
                 for value, item in zip(_exact_values(line), items)]
-    # copied out of orjson's buffer: see ndjson_codec.encode_data
+    # copied out of orjson's buffer: see protocols.ndjson.codec.encode_data
     return [(b"%s" % _dumps(item.get("data")), KIND_JSON, item.get("priority"), item.get("delay_ms"))
             for item in items]
 

@@ -56,7 +56,7 @@ class NdjsonSession(Connection):
         # Replies still awaited, in request order: a request answered later (a work-queue request, which goes to
         # the queue's owner) reserves its place, and what is sent after it waits behind it (``reserve``/``fill``).
         self._slots: collections.deque[list] = collections.deque()
-        self.push_group = None   # single qpushes to one queue, gathered while a read is processed (ndjson_ops)
+        self.push_group = None   # single qpushes to one queue, gathered while a read is processed (protocols.ndjson.queue_verbs)
         self.movable = hub.config.queues.move_connections
 
     # -- replies in request order, some of them later --------------------------------------------------------

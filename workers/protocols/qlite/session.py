@@ -1,4 +1,4 @@
-"""A client connection speaking qlite's binary protocol (``qlite_codec``; docs/qlite.md), on one work queue.
+"""A client connection speaking qlite's binary protocol (``protocols.qlite.codec``; docs/qlite.md), on one work queue.
 
 One listener serves one queue, ``qlite.queue``: the protocol names none.  The session greets with a challenge; the
 client proves bcrypt(qlite_secret ‖ challenge) as a publisher (role byte 0) or a subscriber (any other), then sends
