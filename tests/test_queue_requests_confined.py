@@ -140,3 +140,36 @@ def test_a_receive_reaches_no_other_subscriber_of_the_requesters_inbox(start_bro
             await nc.close()
 
     asyncio.run(run())
+
+
+def test_the_q_subjects_are_the_brokers_own_whatever_the_protocol(start_broker):
+    """$Q.> is an internal subscription (workers/hub.py serve, as nats-server serves $JS.API.>): a NATS PUB there is
+    a queue request, no client's subscription to $Q.> receives anything, and an NDJSON publish there reaches
+    nobody (NDJSON has its own queue operations) and stores nothing."""
+    broker = start_broker(workers=2)
+
+    async def main():
+        requester = await nats.connect(_url(broker), allow_reconnect=False)
+        snooper = await nats.connect(_url(broker), allow_reconnect=False)
+        seen = []
+
+        async def snoop(msg):
+            seen.append(msg.subject)
+        await snooper.subscribe("$Q.>", cb=snoop)
+        await snooper.flush()
+        with Raw(broker.port) as ndjson:
+            assert ndjson.request({"op": "sub", "topic": "$Q.>"}) == {"ok": True}
+            reply = await requester.request("$Q.PUSH.confined", b"one", timeout=5)
+            assert json.loads(reply.data)["ok"] is True
+            ndjson.send(b'{"op":"pub","topic":"$Q.PUSH.confined","data":"two"}\n')
+            assert ndjson.json() == {"ok": True}
+            await requester.flush()
+            await snooper.flush()
+            assert ndjson.nothing(0.3), "an NDJSON subscriber to $Q.> received a queue request"
+            stat = ndjson.request({"op": "qstat", "queue": "confined"})
+        assert seen == [], seen
+        assert stat["stat"]["messages"] == 1, stat   # the NATS push alone
+        await requester.close()
+        await snooper.close()
+
+    asyncio.run(main())

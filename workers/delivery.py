@@ -25,7 +25,7 @@ class Route:
 
     __slots__ = ("subject", "subject_b", "msg_head", "ndjson", "nats", "nats_plain", "others", "local", "remote",
                  "queued", "groups", "owner", "prefix", "wild", "msgs", "bytes", "fanout", "members", "lines",
-                 "tails", "batched", "batched_bytes", "batched_payload", "generation")
+                 "tails", "batched", "batched_bytes", "batched_payload", "generation", "service")
 
     def __init__(self, subject: str, ndjson: tuple, nats: tuple, others: tuple, remote: tuple[int, ...],
                  queued: bool, owner: int, batching: bool = True) -> None:
@@ -72,6 +72,9 @@ class Route:
         self.prefix = ndjson_prefix(subject) if ndjson else b""   # for NDJSON deliveries alone
         # NATS may publish to "foo.*" as a literal; NDJSON may not
         self.wild = ("*" in subject or ">" in subject) and not is_literal(subject)
+        # An internal subscription's handler (Hub.serve): the broker's own API on this subject, which it serves
+        # alone (no client subscription receives what is published here).
+        self.service = None
 
 
 # -- NDJSON ------------------------------------------------------------------------------------------------------

@@ -260,7 +260,13 @@ class Hub(Fanout):
                 self.fabric.send(w, (route.subject, kind, payload, reply, headers, dispatch) if w == owner else plain)
             self.schedule_flush()
             return True
-        return delivered > 0
+        if delivered:
+            return True
+        service = route.service
+        if service is not None:   # an internal subscription (serve): the broker's own API answers it here
+            service(origin, route.subject_b, reply, headers, kind, payload)
+            return True
+        return False
 
     def run_room(self, route: Route, payloads: list[bytes], start: int = 0) -> int:
         """How many of ``payloads[start:]`` (a run to ``route``) to take in one go: what this turn's budget has
@@ -285,7 +291,7 @@ class Hub(Fanout):
         anyone = False
         total = len(payloads)
         while taken < total:
-            if route.queued:
+            if route.queued or route.service is not None:
                 n = 1
                 anyone = self.publish(route, kind, payloads[taken], reply, None, origin) or anyone
                 b = len(payloads[taken])
@@ -365,6 +371,13 @@ class Hub(Fanout):
         """Call ``callback`` once what is in flight between this worker and the others is delivered
         (``Inbox.after_inflight``)."""
         self.inbox.after_inflight(callback)
+
+    def serve(self, pattern: str, handler: Callable) -> None:
+        """What is published on subjects matching ``pattern`` goes to ``handler(origin, subject_b, reply, headers,
+        kind, payload)`` alone, on the publishing worker: an internal subscription, the broker's own API (the
+        work queues' ``$Q.>``).  No client subscription receives it and it never crosses the fabric."""
+        self.interest.services.insert(pattern, handler)
+        self.invalidate()
 
     def handle(self, kinds: tuple[str, ...], handler: Callable[[int, tuple], None]) -> None:
         """Fabric control items of these kinds (``router.control``) go to ``handler(src, item)``."""

@@ -57,6 +57,9 @@ class Interest:
         self.patterns: dict[str, int] = {}    # local pattern -> its subscriptions here (announced while > 0)
         self._announcing: dict[str, int] = {}
         self.remote = Sublist()
+        # The broker's own APIs on subjects (Hub.serve: $Q.> for the work queues), matched by the same trie as the
+        # clients' subscriptions, as nats-server serves $JS.API.>: no session special-cases their subjects.
+        self.services = Sublist()
         self._remote_by_peer: dict[int, set[str]] = {p: set() for p in range(hub.workers) if p != hub.index}
         self._by_party = Tally()   # subscriptions standing here per user (or client address)
         for kind, handler in ((control.INTEREST_ADD, self._interest_add), (control.INTEREST_DEL, self._interest_del),
@@ -69,6 +72,11 @@ class Interest:
     def make_route(self, subject: str, cached: bool) -> Route:
         """The route of ``subject`` as the tries stand now (the route cache's ``make``); a route that will not be
         cached is not prepared for batching."""
+        served = self.services.match(subject)
+        if served:   # the broker's own API (Hub.serve): its handler alone receives what is published here
+            route = Route(subject, (), (), (), (), False, shardmap.owner(subject, self.workers), False)
+            route.service = served[0]
+            return route
         ndjson: dict[Connection, None] = {}
         others: dict[Connection, None] = {}
         nats = []

@@ -20,6 +20,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from shardbroker.router import control, shardmap
+from shardbroker.workers.message import as_bytes
 from shardbroker.workers.turn import TURN_BUDGET, Turn
 
 from shardbroker.workers.workqueues.operations import ADMIN, BY_NAME, OPERATIONS, PUBLISH
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("broker.queues")
 
 REQUEST, REPLY, GONE = control.WQ_REQUEST, control.WQ_REPLY, control.WQ_GONE   # fabric control items
+API = "$Q.>"   # the subjects of the work queues' API (docs/queues.md#nats), served by the broker itself
 UNAVAILABLE_AFTER = 2.0
 Reply = Callable[[dict], None]
 
@@ -94,6 +96,7 @@ class Host(Protocol):
     turn_work: int
 
     def schedule_flush(self) -> None: ...
+    def serve(self, pattern: str, handler: Callable) -> None: ...
     def handle(self, kinds: tuple[str, ...], handler: Callable[[int, tuple], None]) -> None: ...
     def attach(self, part: object) -> None: ...
 
@@ -108,6 +111,8 @@ class QueueService:
         hub.turn.add("background", shard.turn_done)
         hub.handle(control.WORK_QUEUE_KINDS, self.on_control)
         hub.attach(self)
+        hub.serve(API, self._api)
+        self.api_unspoken = 0   # publishes to $Q.… from a protocol that does not speak the API there
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
         self._used: dict[int, set[int]] = {}     # cid -> owners its requests went to
@@ -231,6 +236,17 @@ class QueueService:
             elif owner in self.hub.fabric.links:
                 self.hub.fabric.control(owner, (GONE, holder))
                 self.hub.schedule_flush()
+
+    # -- the $Q API --------------------------------------------------------------------------------------------
+    def _api(self, origin, subject_b: bytes, reply: str | None, headers: bytes | None, kind: int, payload) -> None:
+        """A publish on ``$Q.…`` (an internal subscription, ``Hub.serve``): a work-queue request in the spelling
+        of the publisher's protocol, if it has one there (NATS: ``workers/protocols/nats/queue_verbs.py``).
+        NDJSON, Bridge and qlite have queue operations of their own: what they publish there reaches nobody."""
+        speak = getattr(origin, "queue_api", None)
+        if speak is None:
+            self.api_unspoken += 1
+            return
+        speak(subject_b, reply, headers, as_bytes(kind, payload))
 
     # -- turn and tick --------------------------------------------------------------------------------------
     def _commit(self) -> None:

@@ -48,7 +48,6 @@ class Session(Protocol):
     gathered: "_Gathered | None"
     _secure: bool
 
-PREFIX = b"$Q."
 _OPS = {op.nats: op.name for op in OPERATIONS if op.nats}   # $Q.<VERB> -> the operation
 _NO_MESSAGES = b"NATS/1.0 404 No Messages\r\n\r\n"
 _TIMEOUT = b"NATS/1.0 408 Request Timeout\r\n\r\n"
@@ -97,12 +96,11 @@ def _ack_args(verb: bytes, args: dict) -> tuple[str, dict] | dict | None:
     return None
 
 
-def handle(session: Session, subject_b: bytes, reply_b: bytes | None, headers: bytes | None,
-           payload: bytes) -> None:
-    """A PUB to ``$Q.…``: run it on the queue's owner, answer on ``reply_b`` (if any)."""
+def handle(session: Session, subject_b: bytes, reply: str | None, headers: bytes | None, payload: bytes) -> None:
+    """A PUB to ``$Q.…`` (the work queues' internal subscription, ``service.API``): run it on the queue's owner,
+    answer on ``reply`` (if any)."""
     try:
         subject = subject_b.decode()
-        reply = reply_b.decode() if reply_b is not None else None
     except UnicodeDecodeError:
         return
     _, _, tail = subject.partition(".")

@@ -141,15 +141,12 @@ class NatsSession(Handshake, Connection):
 
     def execute(self, cmd: tuple) -> None:
         op = cmd[0]
-        queued = op in _PUBS and cmd[1][:3] == queue_ops.PREFIX   # by its subject alone, whatever any cache holds
-        if self.gathered is not None and not queued:
-            queue_ops.flush_gathered(self)   # what comes after gathered requests sees them done
+        if self.gathered is not None and op not in _PUBS:
+            queue_ops.flush_gathered(self)   # what comes after gathered requests sees them done (a PUB: _pub)
         if self._secure and self.user is None and op not in (codec.OP_CONNECT, codec.OP_ERR, _OP_SEND):
             self._fail(ERR_AUTH_VIOLATION)
             return
-        if queued:
-            self._queue_request(cmd)
-        elif op == codec.OP_PUBS:
+        if op == codec.OP_PUBS:
             self._pubs(cmd[1], cmd[2], cmd[3])
         elif op == codec.OP_PUB:
             self._pub(cmd[1], cmd[2], cmd[3], cmd[4])
@@ -225,16 +222,9 @@ class NatsSession(Handshake, Connection):
         super().flush()
 
     # -- PUB / HPUB -----------------------------------------------------------------------------------------
-    def _queue_request(self, cmd: tuple) -> None:
-        """PUBs to ``$Q.…``: work-queue requests, never publishes (``queue_ops``)."""
-        if cmd[0] == codec.OP_PUBS:
-            for payload in cmd[3]:
-                queue_ops.handle(self, cmd[1], cmd[2], None, payload)
-            return
-        if cmd[3] is not None and not self.headers:
-            self._fail(None)   # HPUB without negotiating headers, as for any HPUB
-            return
-        queue_ops.handle(self, cmd[1], cmd[2], cmd[3], cmd[4])
+    def queue_api(self, subject_b: bytes, reply: str | None, headers: bytes | None, payload: bytes) -> None:
+        """A PUB on ``$Q.…``, which the work queues serve (``Hub.serve``): NATS' spelling of their API."""
+        queue_ops.handle(self, subject_b, reply, headers, payload)
 
     def _pub(self, subject_b: bytes, reply_b: bytes | None, headers: bytes | None, payload: bytes) -> None:
         hub = self.hub
@@ -248,6 +238,11 @@ class NatsSession(Handshake, Connection):
         if headers is not None and not self.headers:
             self._fail(None)  # HPUB without negotiating headers: nats-server closes, without -ERR
             return
+        if route.service is not None:
+            self._serve(route, reply_b, headers, payload)
+            return
+        if self.gathered is not None:
+            queue_ops.flush_gathered(self)   # what comes after gathered requests sees them done
         if self._secure and not self.user.permissions.may_publish(route.subject):
             self.send(codec.err(f"Permissions Violation for Publish to {_quoted(route.subject)}"))
             return
@@ -262,12 +257,19 @@ class NatsSession(Handshake, Connection):
                 and self.no_responders:
             self._no_responders(reply, reply_b)
 
+    def _serve(self, route, reply_b: bytes | None, headers: bytes | None, payload: bytes) -> None:
+        """A PUB on a subject the broker serves itself (``$Q.…``): the service applies its own permissions (a
+        queue's: docs/queues.md) and answers as its API does; no +OK, and not a message of the subject's counters."""
+        reply = _text(reply_b)
+        if reply is not _UNDECODABLE:
+            self.hub.send(route, KIND_RAW, payload, reply, headers, self)
+
     def _pubs(self, subject_b: bytes, reply_b: bytes | None, payloads: list[bytes]) -> None:
         """A run of PUBs to one subject: checked once, routed and batched in one call.  What needs a word per
         message (verbose +OK, a wildcard subject in pedantic mode, a route not cached yet, a denied publish, a
         work-queue subject) goes one message at a time instead."""
         route = self.hub.routes_b.get(subject_b)
-        if route is None or self.verbose or (route.wild and self.pedantic) \
+        if route is None or self.verbose or (route.wild and self.pedantic) or route.service is not None \
                 or (self._secure and not self.user.permissions.may_publish(route.subject)):
             pub = self._pub
             for i, payload in enumerate(payloads):
