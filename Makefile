@@ -29,7 +29,7 @@ $(VENV)/.installed-bench: $(VENV)/.installed
 
 setup: $(VENV)/.installed
 
-# The suite runs the hot path both compiled and pure (tests/test_speedups.py): once install-test-deps has made
+# The suite runs the hot path both compiled and pure (tests/unit/test_speedups.py): once install-test-deps has made
 # sure of a C compiler and Python's headers, build the extension if the first install could not.
 setup-test: $(VENV)/.installed-test
 	PYTHON=$(BIN)/python scripts/dev/install-test-deps

@@ -2,7 +2,7 @@ import resource
 
 import pytest
 
-from harness import Broker
+from support.harness import Broker
 
 # Tests open hundreds of sockets at once.
 _soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -1,7 +1,7 @@
 """The per-message hot path in pure Python: the reference, and the fallback where the compiled one is missing.
 
 ``workers/_speedups.c`` implements the same functions; ``workers.speedups`` picks one.  Both must give identical
-results for every input (tests/test_speedups.py checks them against each other on random and mutated input), so
+results for every input (tests/unit/test_speedups.py checks them against each other on random and mutated input), so
 any change here is a change there.
 
 - ``scan_pubs``: a run of complete, well-formed NATS ``PUB`` commands to one subject (and one reply subject), read

@@ -7,6 +7,6 @@ connections, the tests' harness) own the reading and writing, and keep what a pa
 - ``resp``: Redis' RESP2 (the bench and the load test compare this broker with Redis): commands out, replies in.
 
 This is the client's layer: it ships with ``cli`` and imports nothing of the broker (``workers``, ``router``,
-``cluster``), whose server-side codecs read what these write (tests/test_client_wire.py checks both ends agree).
+``cluster``), whose server-side codecs read what these write (tests/tools/test_client_wire.py checks both ends agree).
 Hot paths are written for the load generators: byte prefixes and slices, no decoding of what need not be decoded.
 """

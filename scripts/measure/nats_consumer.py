@@ -22,7 +22,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
-from harness import Broker, NatsFrames, measured_broker, nats_ready  # noqa: E402
+from support.harness import Broker, NatsFrames, measured_broker, nats_ready  # noqa: E402
 
 
 def _fill(port: int, queue: bytes, n: int) -> None:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
-from harness import measured_broker, nats_ready  # noqa: E402
+from support.harness import measured_broker, nats_ready  # noqa: E402
 
 DATA = b'"' + b"x" * 118 + b'"'
 FORMS = ("single", "priority", "delay", "spaced", "dedup", "batch", "batchdedup", "nats", "natsid")

@@ -25,7 +25,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
-from harness import Broker, on_worker  # noqa: E402
+from support.harness import Broker, on_worker  # noqa: E402
 
 def rss_mib(pid: int) -> float:
     return round(psutil.Process(pid).memory_info().rss / 2**20, 1)

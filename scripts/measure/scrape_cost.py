@@ -3,7 +3,7 @@ and brokerctl top ask, and the whole list).  docs/operations.md quotes its outpu
 
     python scripts/measure/scrape_cost.py --workers 2 --connections 10000
 
-Starts a broker (tests/harness.py), opens the connections (a tenth of them subscribed), then times each request
+Starts a broker (tests/support/harness.py), opens the connections (a tenth of them subscribed), then times each request
 from the client's side; the broker is otherwise idle.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
-from harness import Broker  # noqa: E402
+from support.harness import Broker  # noqa: E402
 
 
 def timed(url: str, n: int) -> tuple[float, float, int]:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
-from harness import Broker, Raw  # noqa: E402
+from support.harness import Broker, Raw  # noqa: E402
 
 PUSH = b'{"op":"qpush","queue":"%s","data":"%%0120d"}\n'
 

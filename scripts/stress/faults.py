@@ -7,10 +7,10 @@
     .venv/bin/python scripts/stress/faults.py fds                    # the supervisor out of file descriptors: no busy loop
     .venv/bin/python scripts/stress/faults.py fds-workers            # the whole broker under a low ulimit -n
     .venv/bin/python scripts/stress/faults.py disk                   # the queue journal's disk full: pushes fail cleanly
-    .venv/bin/python scripts/stress/faults.py all                    # each once, quickly (as tests/test_faults.py does)
+    .venv/bin/python scripts/stress/faults.py all                    # each once, quickly (as tests/cluster/test_faults.py does)
 
 Each prints one JSON object of figures and exits 1 if a promise was broken.  The broker runs from this checkout
-(tests/harness.py); the load is NDJSON clients with sequence numbers, placed on chosen workers.
+(tests/support/harness.py); the load is NDJSON clients with sequence numbers, placed on chosen workers.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
-from harness import Broker, Raw, free_space, on_worker, small_disk  # noqa: E402
+from support.harness import Broker, Raw, free_space, on_worker, small_disk  # noqa: E402
 
 
 # -- clients ---------------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@
     .venv/bin/python scripts/stress/soak.py --duration 1200 --out docs/soak     # what docs/reliability.md records
     .venv/bin/python scripts/stress/soak.py --duration 60 --connections 2000    # a short look
 
-Starts a broker (tests/harness.py: 2 workers, security on so that logins are real, cheap PBKDF2 so that they do
+Starts a broker (tests/support/harness.py: 2 workers, security on so that logins are real, cheap PBKDF2 so that they do
 not dominate), then opens the connections from one asyncio process and keeps them busy:
 
 - subscribers (all the connections not listed below), each on one of ``--subjects`` subjects;
@@ -39,7 +39,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
-from harness import Broker  # noqa: E402
+from support.harness import Broker  # noqa: E402
 
 USER, PASSWORD = "soak", "soak-password"
 

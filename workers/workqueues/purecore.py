@@ -1,7 +1,7 @@
 """The work queues' per-message loops in pure Python: the reference, and the fallback where the compiled ones
 (``workers/workqueues/_qcore.c``) are missing.  ``workers.workqueues.core`` picks one.
 
-Both must give identical results and leave identical state for every input (tests/test_qcore.py checks them
+Both must give identical results and leave identical state for every input (tests/unit/test_qcore.py checks them
 against each other on random queues), so any change here is a change there.  What each loop does is the queue's
 business (``model``, ``protocols.ndjson.queue_verbs``); these functions are its inner loops, with the state they touch passed in:
 

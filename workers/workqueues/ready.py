@@ -1,7 +1,7 @@
 """The visible messages of a queue in serving order (``Ready``): priority 9 first, then by sequence number.
 
 Its own room because it is its own structure, with its own invariants (a FIFO of runs and a heap per priority),
-which the queue (``model``) only adds to and takes from; tests/test_wq_journal.py checks it against one heap.
+which the queue (``model``) only adds to and takes from; tests/queues/test_wq_journal.py checks it against one heap.
 """
 
 from __future__ import annotations
