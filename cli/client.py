@@ -31,8 +31,9 @@ import collections
 import socket
 import ssl
 import time
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
 from shardbroker.cli.wire import ndjson
 from shardbroker.cli.wire.ndjson import Delivery
@@ -130,7 +131,7 @@ class AsyncClient:
     @classmethod
     async def connect(cls, host: str = "127.0.0.1", port: int = 8080, *, user: str | None = None,
                       password: str | None = None, timeout: float = 10.0, tls: ssl.SSLContext | None = None,
-                      server_hostname: str | None = None) -> "AsyncClient":
+                      server_hostname: str | None = None) -> AsyncClient:
         """``tls``: a client context (``tls_context``) for a listener with TLS; the certificate must name
         ``server_hostname`` (default: ``host``)."""
         loop = asyncio.get_running_loop()
@@ -141,7 +142,7 @@ class AsyncClient:
             await client.auth(user, password or "")
         return client
 
-    async def __aenter__(self) -> "AsyncClient":
+    async def __aenter__(self) -> AsyncClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -314,7 +315,7 @@ class BlockingClient:
     @classmethod
     def connect(cls, host: str = "127.0.0.1", port: int = 8080, *, user: str | None = None,
                 password: str | None = None, timeout: float = 10.0, tls: ssl.SSLContext | None = None,
-                server_hostname: str | None = None) -> "BlockingClient":
+                server_hostname: str | None = None) -> BlockingClient:
         """``tls`` and ``server_hostname``: as ``AsyncClient.connect``."""
         sock = socket.create_connection((host, port), timeout=timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -329,7 +330,7 @@ class BlockingClient:
             client.auth(user, password or "")
         return client
 
-    def __enter__(self) -> "BlockingClient":
+    def __enter__(self) -> BlockingClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -345,7 +346,7 @@ class BlockingClient:
             self._sock.settimeout(None)
         try:
             data = self._sock.recv(65536)
-        except socket.timeout:
+        except TimeoutError:
             raise TimeoutError("no answer from the broker in time") from None
         if not data:
             self.closed = True

@@ -150,7 +150,7 @@ def parse_data(data: str, as_json: bool):
         raise click.BadParameter(f"not JSON: {exc}", param_hint="DATA") from None
 
 
-def connect(as_admin: bool = False) -> "BlockingClient":
+def connect(as_admin: bool = False) -> BlockingClient:
     """A connection to the broker the options name, authenticated as the user they name (if any): with
     ``as_admin``, the administrator's (``--admin``)."""
     # imported here: `brokerctl start` is on the broker's start-up path and needs none of it

@@ -11,11 +11,19 @@ import click
 # Each command imports what it needs: `start` is on the broker's start-up path, and the client (asyncio), orjson
 # and the password prompts are not.  (scripts/measure/startup_time.py measures it; see docs/performance-notes.md.)
 from shardbroker.cli.connect import (
-    admin_connection_options, connect as _connect, connection_options as _connection_options, given, parse_data,
+    admin_connection_options,
+    given,
+    parse_data,
     shared_option,
 )
-from shardbroker.cli.queue_cmd import queue
+from shardbroker.cli.connect import (
+    connect as _connect,
+)
+from shardbroker.cli.connect import (
+    connection_options as _connection_options,
+)
 from shardbroker.cli.loadtest.command import loadtest
+from shardbroker.cli.queue_cmd import queue
 from shardbroker.cli.top import top  # click only: textual is imported when `top` runs its console
 
 
@@ -102,7 +110,8 @@ def start(config_path: str | None, workers: str | None, bind: str | None, port: 
     sys.exit(Supervisor(config, early_stops=STOPS).run())
 
 
-# -- the running broker's supervisor, through its command socket (cluster/supervisor/command_socket.py) --------------------
+# -- the running broker's supervisor, through its command socket (cluster/supervisor/command_socket.py)
+# --------------------
 
 def _supervisor_options(fn):
     fn = click.option("--timeout", type=click.FloatRange(0.1, 3600), default=60.0, show_default=True,
@@ -118,8 +127,8 @@ def _supervisor_options(fn):
 
 def _ask_supervisor(request: dict, pid: int | None, runtime_dir: str | None, config_path: str | None,
                     timeout: float) -> dict:
-    from shardbroker.cluster.supervisor import command_socket
     from shardbroker.cluster import runtime
+    from shardbroker.cluster.supervisor import command_socket
 
     parent = runtime_dir
     if parent is None and config_path is not None:
@@ -249,9 +258,8 @@ def hash_password(iterations: int) -> None:
 
     The password is prompted for (twice) on a terminal, or read from the first line of standard input.
     """
-    from shardbroker.cluster.config.passwords import hash_password as make_hash
-
     from shardbroker.cli import secrets
+    from shardbroker.cluster.config.passwords import hash_password as make_hash
 
     click.echo(make_hash(secrets.new_password("password"), iterations))
 

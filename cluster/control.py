@@ -17,7 +17,8 @@ import asyncio
 import collections
 import logging
 import socket
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 
@@ -56,7 +57,8 @@ class Reassembler:
 
 
 def decode_all(datagrams: list[tuple[bytes, list[int]]]) -> list[tuple[dict, list[int]]]:
-    """Datagrams read back from a dead worker's queue (cluster.supervisor.launch) -> its messages with their descriptors.
+    """Datagrams read back from a dead worker's queue (cluster.supervisor.launch) -> its messages with their
+    descriptors.
     A message whose first datagram the worker had read, or that does not parse, is dropped (its descriptors
     closed)."""
     out = []

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 
 class _Window:

@@ -95,7 +95,7 @@ def text_formatter(role: str) -> logging.Formatter:
                              "%Y-%m-%d %H:%M:%S")
 
 
-def setup_logging(config: "LoggingConfig | str", role: str) -> None:
+def setup_logging(config: LoggingConfig | str, role: str) -> None:
     """Log to stderr at ``config.level`` in ``config.format`` (a bare level string: text, no aggregation)."""
     level = config if isinstance(config, str) else config.level
     fmt = "text" if isinstance(config, str) else config.format

@@ -34,7 +34,8 @@ import asyncio
 import logging
 import os
 import time
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import zmq
 

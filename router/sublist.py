@@ -10,7 +10,7 @@ changes on every insert and remove, which is what a cache needs to know.
 
 from __future__ import annotations
 
-from typing import Hashable, Iterator
+from collections.abc import Hashable, Iterator
 
 from shardbroker.router.subjects import FWC, PWC
 

@@ -20,14 +20,13 @@ import asyncio
 import logging
 import os
 import threading
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Awaitable, Callable, TypeVar
+from typing import TypeVar
 
-from shardbroker.cluster.config import passwords
+from shardbroker.cluster.config import SecurityConfig, passwords
 from shardbroker.cluster.security.attempts import Blocked
-from shardbroker.cluster.config import SecurityConfig
 from shardbroker.cluster.security.users import Registry, User
-
 
 log = logging.getLogger("broker.auth")
 

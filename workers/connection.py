@@ -22,10 +22,10 @@ import socket
 import struct
 import sys
 import time
-from typing import TYPE_CHECKING, Callable, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 from shardbroker.router import guard
-
 from shardbroker.workers.connz_view import ConnzView
 from shardbroker.workers.turn import TURN_BUDGET
 
@@ -38,7 +38,6 @@ except ImportError:  # not a POSIX system
 if TYPE_CHECKING:
     from shardbroker.cluster.config import LimitsConfig
     from shardbroker.cluster.security.users import User
-
     from shardbroker.workers.auth import Authenticator
     from shardbroker.workers.backpressure import Backpressure
     from shardbroker.workers.groups import GroupTable
@@ -60,24 +59,24 @@ class Host(Protocol):
     import the hub's."""
 
     loop: asyncio.AbstractEventLoop
-    limits: "LimitsConfig"
-    auth: "Authenticator"
-    backpressure: "Backpressure"
-    groups: "GroupTable"
+    limits: LimitsConfig
+    auth: Authenticator
+    backpressure: Backpressure
+    groups: GroupTable
     held: set
     holding: bool
     stopping: bool
     stall_bytes: int
     turn_work: int
 
-    def register(self, conn: "Connection") -> None: ...
-    def unregister(self, conn: "Connection") -> None: ...
+    def register(self, conn: Connection) -> None: ...
+    def unregister(self, conn: Connection) -> None: ...
     def breach(self, limit: str) -> None: ...
-    def slow_consumer(self, conn: "Connection") -> None: ...
-    def settle(self, conn: "Connection") -> None: ...
-    def mark_dirty(self, conn: "Connection") -> None: ...
-    def subscribe(self, sub: "Subscription", on_synced: Callable[[], None]) -> bool: ...
-    def unsubscribe(self, sub: "Subscription") -> None: ...
+    def slow_consumer(self, conn: Connection) -> None: ...
+    def settle(self, conn: Connection) -> None: ...
+    def mark_dirty(self, conn: Connection) -> None: ...
+    def subscribe(self, sub: Subscription, on_synced: Callable[[], None]) -> bool: ...
+    def unsubscribe(self, sub: Subscription) -> None: ...
     def subscription_changed(self) -> None: ...
 
 
@@ -89,7 +88,8 @@ class Connection(ConnzView, asyncio.Protocol):
     tls = False
     tls_verify = False
     tls_map = False
-    # Moving to the owner of the work queue it uses (workers/protocols/ndjson/moves.py): may it still (its first queue request
+    # Moving to the owner of the work queue it uses (workers/protocols/ndjson/moves.py): may it still (its first queue
+    # request
     # decides), has it gone (then its close here is no close), and what it brings when it arrives.
     movable = False
     moved = False
@@ -101,7 +101,7 @@ class Connection(ConnzView, asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer: tuple[str, int] = ("", 0)
         self.subs: dict = {}   # the protocol's key (NDJSON topic, NATS sid) -> Subscription
-        self.user: "User | None" = None   # None: not authenticated (or security off)
+        self.user: User | None = None   # None: not authenticated (or security off)
         self.out: list[bytes] = []
         self.out_bytes = 0
         self.flushed_total = 0   # every byte handed to the transport: minus what it and the kernel still hold,
@@ -472,7 +472,7 @@ class Connection(ConnzView, asyncio.Protocol):
                 self.hub.subscribe(sub, lambda: None)
         self.hub.subscription_changed()
 
-    def certificate_user(self) -> "User | None":
+    def certificate_user(self) -> User | None:
         """The user this client's verified certificate names (tls.verify_and_map), or None."""
         if not self.tls_map or self.transport is None:
             return None

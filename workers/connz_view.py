@@ -15,7 +15,8 @@ class ConnzView:
         return sorted({sub.subject for sub in self.subs.values()})
 
     def sort_field(self, name: str) -> float:
-        """A field of ``info`` that /connz sorts by (cluster/monitoring/connz.py), read without building the whole dict."""
+        """A field of ``info`` that /connz sorts by (cluster/monitoring/connz.py), read without building the whole
+        dict."""
         if name == "subscriptions":
             return len(self.subs)
         if name == "pending_bytes":

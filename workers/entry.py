@@ -15,7 +15,9 @@ import sys
 
 def main() -> None:
     _marker, _index, boot_fd, ctl_fd = sys.argv[1:5]
-    from shardbroker.workers.process import main as worker_main  # the bulk of the start-up: asyncio, uvloop, zmq, the hub
+    from shardbroker.workers.process import (
+        main as worker_main,  # the bulk of the start-up: asyncio, uvloop, zmq, the hub
+    )
 
     with open(int(boot_fd), "rb") as fh:
         data = fh.read()

@@ -14,7 +14,8 @@ may receive the subject now: one member's permission narrowed must not make the 
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from shardbroker.router.subjects import covers
 from shardbroker.router.sublist import Sublist
@@ -45,13 +46,13 @@ class GroupTable:
     def __init__(self, index: int) -> None:
         self.index = index
         self.trie = Sublist()
-        self.local: dict[tuple[int, bytes], "Subscription"] = {}
+        self.local: dict[tuple[int, bytes], Subscription] = {}
         self._members: dict[tuple[int, bytes], Member] = {}   # as announced
-        self._local_by_group: dict[str, list["Subscription"]] = {}
+        self._local_by_group: dict[str, list[Subscription]] = {}
         self._by_peer: dict[int, set[tuple[str, Member]]] = {}
 
     # -- membership -----------------------------------------------------------------------------------------
-    def add_local(self, sub: "Subscription") -> Member:
+    def add_local(self, sub: Subscription) -> Member:
         user = sub.conn.user
         member = (sub.queue, self.index, sub.conn.cid, sub.sid, user.name if user is not None else None)
         self.trie.insert(sub.subject, member)
@@ -60,7 +61,7 @@ class GroupTable:
         self._local_by_group.setdefault(sub.queue, []).append(sub)
         return member
 
-    def remove_local(self, sub: "Subscription") -> Member | None:
+    def remove_local(self, sub: Subscription) -> Member | None:
         key = (sub.conn.cid, sub.sid)
         member = self._members.get(key)
         if self.local.get(key) is not sub or not self.trie.remove(sub.subject, member):
@@ -73,7 +74,7 @@ class GroupTable:
             self._local_by_group.pop(sub.queue, None)
         return member
 
-    def user_of(self, sub: "Subscription") -> str | None:
+    def user_of(self, sub: Subscription) -> str | None:
         """The user a local member was announced as."""
         member = self._members.get((sub.conn.cid, sub.sid))
         return member[4] if member is not None else None
@@ -132,7 +133,7 @@ class GroupTable:
                 break
         return targets
 
-    def member(self, group: str, cid: int, sid: bytes, subject: str) -> "Subscription | None":
+    def member(self, group: str, cid: int, sid: bytes, subject: str) -> Subscription | None:
         """The local subscription a picked member names; if it left meanwhile, another local member of the same
         group that matches, so the message still reaches exactly one member when this worker has one."""
         sub = self.local.get((cid, sid))

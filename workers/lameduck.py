@@ -1,4 +1,5 @@
-"""A worker's half of lame duck mode (SIGUSR2, ``brokerctl lameduck``; the supervisor's half is cluster.supervisor.lameduck).
+"""A worker's half of lame duck mode (SIGUSR2, ``brokerctl lameduck``; the supervisor's half is
+cluster.supervisor.lameduck).
 
 As nats-server does it: every NATS client is told at once (``INFO {"ldm":true}``, which nats-py turns into its
 ``lame_duck_mode_cb``); after the grace period the worker closes its clients one by one, spread so that they come
@@ -18,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from shardbroker.workers.connection import LINGER
 
@@ -31,7 +33,7 @@ MAX_INTERVAL = 1.0   # nats-server's cap on the time between two closes (over th
 
 
 class LameDuck:
-    def __init__(self, hub: "Hub", grace: float, window: float, total: int, done: Callable[[], None]) -> None:
+    def __init__(self, hub: Hub, grace: float, window: float, total: int, done: Callable[[], None]) -> None:
         self.hub = hub
         self.grace = grace
         self.window = window

@@ -10,7 +10,8 @@ bound gets the queues' own refusal, ``too_many_waiters`` (retryable), which ever
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Callable, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from shardbroker.cluster.config import LimitsConfig
@@ -26,7 +27,7 @@ class Host(Protocol):
     them), its loop, and where a breach is counted."""
 
     loop: asyncio.AbstractEventLoop
-    limits: "LimitsConfig"
+    limits: LimitsConfig
 
     def breach(self, limit: str) -> None: ...
 

@@ -1,6 +1,7 @@
 """A worker process: one event loop, its share of the connections, its shard of the subjects.
 
-Started by the supervisor in a fresh interpreter (``cluster.supervisor.launch`` runs ``workers.entry``, which calls ``main``:
+Started by the supervisor in a fresh interpreter (``cluster.supervisor.launch`` runs ``workers.entry``, which calls
+``main``:
 nothing of the supervisor's loop is inherited).  Its life:
 
 1. boot: event loop, hub, fabric; hello to every other worker.  Any failure here is reported to the supervisor
@@ -10,7 +11,8 @@ nothing of the supervisor's loop is inherited).  Its life:
    ``workers.heartbeat_timeout``, at most one a second: a blocked loop stops them and gets the worker replaced;
    a loop that merely lagged says so in the log).
 3. stop (``stop`` order or SIGTERM): stop reading, send what is already queued to clients, close, exit 0 within the
-   grace period.  A worker runs in a process group of its own (cluster.supervisor.launch), so a terminal's Ctrl-C reaches
+   grace period.  A worker runs in a process group of its own (cluster.supervisor.launch), so a terminal's Ctrl-C
+   reaches
    the supervisor alone, which orchestrates the shutdown; SIGINT is ignored besides (a group-wide kill of it).
 4. orphaned (the control socket reads EOF: the supervisor is gone, even by SIGKILL): close every connection the
    way the kernel closes a killed server's sockets (a FIN, so clients read EOF and reconnect quietly; a reset
@@ -29,19 +31,17 @@ import socket
 import sys
 import time
 
-from shardbroker.cluster.monitoring import connz
 from shardbroker.cluster import control, runtime
-from shardbroker.cluster.config import protocols
-from shardbroker.cluster.config import Config, from_document
+from shardbroker.cluster.config import Config, from_document, protocols
 from shardbroker.cluster.logs import flush_floods, setup_logging
+from shardbroker.cluster.monitoring import connz
 from shardbroker.router.fabric import Fabric
-
+from shardbroker.workers import reconfigure, workqueues
 from shardbroker.workers.auth import Authenticator
 from shardbroker.workers.hub import Hub
 from shardbroker.workers.lameduck import LameDuck
 from shardbroker.workers.looplag import LoopLag
 from shardbroker.workers.tls import WorkerTls
-from shardbroker.workers import reconfigure, workqueues
 
 log = logging.getLogger("broker.worker")
 
@@ -191,7 +191,8 @@ class Worker:
             self.ctl.send({"k": "hb", "conns": len(hub.conns)})
 
     def _report_closed(self, cid: int) -> None:
-        """Closed connections reach the supervisor's counts (cluster.supervisor.admission) at the end of the turn they closed
+        """Closed connections reach the supervisor's counts (cluster.supervisor.admission) at the end of the turn they
+        closed
         in, so that a client at its per-address limit may reconnect at once."""
         if not self._closed_cids:
             asyncio.get_running_loop().call_soon(self._send_closed)
@@ -279,7 +280,8 @@ class Worker:
             return
         moved = msg.get("moved")
         try:
-            if moved is not None:   # from another worker (workers/protocols/ndjson/moves.py): plain TCP, its client greeted
+            # from another worker (workers/protocols/ndjson/moves.py): plain TCP, its client greeted
+            if moved is not None:
                 hub.moved_in += 1
                 loop = asyncio.get_running_loop()
                 await loop.connect_accepted_socket(lambda: _arriving(session(hub, cid), moved), sock)

@@ -64,7 +64,8 @@ def scan_pubs(buf: bytes, pos: int, max_line: int, max_payload: int) -> tuple:
 # printable ASCII but the quote and the backslash: a JSON string's content that needs no escape and no decoding
 _PLAIN = rb"[\x20\x21\x23-\x5b\x5d-\x7e]"
 _NDJSON_PUB = re.compile(rb'\{"op":"pub","topic":"(' + _PLAIN + rb'+)","data":("' + _PLAIN + rb'*")\}\r?')
-# A single push's data is any text without control characters, checked as JSON later (protocols.ndjson.queue_verbs.push_run), and
+# A single push's data is any text without control characters, checked as JSON later
+# (protocols.ndjson.queue_verbs.push_run), and
 # its options after it, each optional: a priority, then a delay, JSON integers of up to nine digits, then a
 # dedup_id of 1-128 plain characters.
 _INT_OPTION = rb"(?:0|[1-9][0-9]{0,8})"

@@ -1,4 +1,5 @@
-"""A configuration reload, on a worker (the supervisor's half is cluster.supervisor.reload): the keys that may change at run
+"""A configuration reload, on a worker (the supervisor's half is cluster.supervisor.reload): the keys that may change
+at run
 time, applied to what this worker holds.
 
 The supervisor sends only configurations whose other keys are unchanged.  Limits kept per connection are updated on
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("broker.worker")
 
 
-def apply(config: Config, hub: "Hub | None", auth: "Authenticator") -> None:
+def apply(config: Config, hub: Hub | None, auth: Authenticator) -> None:
     logging.getLogger().setLevel(config.logging.level.upper())
     auth.config = config.security   # failure limits, auth timeout, no_auth_user, iterations (security.enabled stays)
     if hub is None:   # still booting: the rest is read from the config when it is built

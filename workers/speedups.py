@@ -29,7 +29,8 @@ def load(compiled: str, pure: ModuleType) -> tuple[ModuleType, str]:
         return pure, f"the compiled extension is not built ({exc}); `pip install .` with a C compiler builds it"
 
 
-_impl, MISSING = load("shardbroker.workers._speedups", purepath)   # MISSING: why the compiled path is not in use, if not
+# MISSING: why the compiled path is not in use, if not
+_impl, MISSING = load("shardbroker.workers._speedups", purepath)
 IMPLEMENTATION = "pure" if _impl is purepath else "compiled"
 scan_pubs = _impl.scan_pubs
 msg_tails = _impl.msg_tails

@@ -3,7 +3,7 @@ party count what stands now, and a key nobody holds anything under must not stay
 
 from __future__ import annotations
 
-from typing import Hashable
+from collections.abc import Hashable
 
 
 class Tally:

@@ -12,11 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from typing import Callable
+from collections.abc import Callable
 
-from shardbroker.cluster.config import protocols
+from shardbroker.cluster.config import Config, protocols
 from shardbroker.cluster.security import tls
-from shardbroker.cluster.config import Config
 
 log = logging.getLogger("broker.tls")
 

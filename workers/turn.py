@@ -19,7 +19,8 @@ a read, or a fabric frame, that would do more waits for the next turn, so that n
 from __future__ import annotations
 
 import asyncio
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from shardbroker.router import guard
 

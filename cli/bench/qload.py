@@ -28,8 +28,8 @@ import zlib
 
 import orjson
 
-from shardbroker.cli.wire import nats, ndjson, resp
 from shardbroker.cli.bench.wire import QUEUE_WIRES, QueueJetStream, QueueProtocolError, nats_frames, payload
+from shardbroker.cli.wire import nats, ndjson, resp
 
 _QUIET = 0.75          # seconds without messages, after the producers stop, that end a consumer's run
 _MAX_DRAIN = 60.0      # the most a run goes on after the producers' time is up

@@ -137,11 +137,11 @@ class QueueWire:
         """What a connection sends first (b"" for nothing)."""
         return b""
 
-    def on(self, inbox: str) -> "QueueWire":
+    def on(self, inbox: str) -> QueueWire:
         """The wire as one connection uses it, replies coming to ``inbox`` where the protocol needs one."""
         return self
 
-    def consumer(self, queue: str, name: str, count: int, wait_ms: int) -> "QueueConsumer":
+    def consumer(self, queue: str, name: str, count: int, wait_ms: int) -> QueueConsumer:
         """One consumer's requests and replies."""
         return QueueConsumer(self, queue, name, count, wait_ms)
 
@@ -377,7 +377,7 @@ class QueueJetStream(QueueWire):
         self.inbox = inbox.encode()   # where this connection's replies come (each has its own: NATS delivers a
         # reply to every connection subscribed to its subject)
 
-    def on(self, inbox: str) -> "QueueJetStream":
+    def on(self, inbox: str) -> QueueJetStream:
         return QueueJetStream(inbox)
 
     @staticmethod
@@ -403,7 +403,7 @@ class QueueJetStream(QueueWire):
                 first = first or headers + data
         return ids, refused, first, buf[used:]
 
-    def consumer(self, queue: str, name: str, count: int, wait_ms: int) -> "JetStreamConsumer":
+    def consumer(self, queue: str, name: str, count: int, wait_ms: int) -> JetStreamConsumer:
         return JetStreamConsumer(self.stream(queue), self.durable, count, wait_ms, self.inbox)
 
 

@@ -65,7 +65,7 @@ class OrderedTracker:
         return self.next >= final and not self._lo
 
     def _missing(self, lo: int, hi: int) -> int:
-        return sum(max(0, min(h, hi) - max(l, lo)) for l, h in zip(self._lo, self._hi))
+        return sum(max(0, min(h, hi) - max(low, lo)) for low, h in zip(self._lo, self._hi))
 
     def result(self, final: int, first: int = 0) -> dict:
         """Counts against ``final`` messages published (sequence numbers 0 .. final-1), expected from ``first``."""
@@ -74,7 +74,8 @@ class OrderedTracker:
         below = min(self.next, first)
         early = below - self._missing(0, below)
         unique = upto - self._missing(0, upto)
-        gaps = [(max(l, first), min(h, final)) for l, h in zip(self._lo, self._hi) if min(h, final) > max(l, first)]
+        gaps = [(max(low, first), min(h, final)) for low, h in zip(self._lo, self._hi)
+                if min(h, final) > max(low, first)]
         if final > max(self.next, first):
             gaps.append((max(self.next, first), final))
         return {"published": max(0, final - first), "received": self.received, "unique": unique - early,
@@ -114,20 +115,20 @@ class Bitmap:
         return base64.b64encode(zlib.compress(bytes(self.bits), 1)).decode()
 
     @classmethod
-    def decode(cls, blob: str) -> "Bitmap":
+    def decode(cls, blob: str) -> Bitmap:
         return cls(bytearray(zlib.decompress(base64.b64decode(blob)))) if blob else cls()
 
-    def __or__(self, other: "Bitmap") -> "Bitmap":
+    def __or__(self, other: Bitmap) -> Bitmap:
         n = max(len(self.bits), len(other.bits))
         a = int.from_bytes(self.bits, "little") | int.from_bytes(other.bits, "little")
         return Bitmap(bytearray(a.to_bytes(n, "little")))
 
-    def __and__(self, other: "Bitmap") -> "Bitmap":
+    def __and__(self, other: Bitmap) -> Bitmap:
         n = max(len(self.bits), len(other.bits))
         a = int.from_bytes(self.bits, "little") & int.from_bytes(other.bits, "little")
         return Bitmap(bytearray(a.to_bytes(n, "little")))
 
-    def below(self, final: int) -> "Bitmap":
+    def below(self, final: int) -> Bitmap:
         """Only the bits under ``final``."""
         a = int.from_bytes(self.bits, "little") & ((1 << final) - 1)
         return Bitmap(bytearray(a.to_bytes(max(len(self.bits), 1), "little")))

@@ -52,7 +52,7 @@ class Clock:
             self.conn.publish(subject, [(REQUEST | self.task, self.seq, _now())], PROBE_SIZE)
             try:
                 t1, t_r, t2 = await asyncio.wait_for(fut, max(0.001, (deadline - _now()) / 1e9))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.waiting.pop(self.seq, None)
                 break
             answered += 1

@@ -14,7 +14,6 @@ import sys
 
 import click
 
-
 DEFAULT_SCENARIO = """\
 # The embedded default: a short mixed run against a broker started for it.
 name = "default"

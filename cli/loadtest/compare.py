@@ -40,7 +40,7 @@ def compare(result_dirs: list[str], out_dir: str | None = None) -> str:
     runs = [load(d) for d in result_dirs]
     labels = _unique([run_label(s) for s in runs])
     if out_dir is None:
-        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
         first = os.path.abspath(result_dirs[0].rstrip("/"))
         out_dir = os.path.join(os.path.dirname(first), f"compare-{stamp}")
     os.makedirs(out_dir, exist_ok=True)

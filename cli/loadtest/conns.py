@@ -16,8 +16,8 @@ from collections import deque
 
 import orjson
 
-from shardbroker.cli.wire import nats, ndjson, resp
 from shardbroker.cli.loadtest import frame
+from shardbroker.cli.wire import nats, ndjson, resp
 
 _now = time.monotonic_ns
 
@@ -25,11 +25,11 @@ _now = time.monotonic_ns
 class Sink:
     """What a connection reports to.  The task's recorder implements it."""
 
-    def deliver(self, conn: "Conn", pub_id: int, seq: int, t_int: int, t_w: int, t_recv: int) -> None: ...
+    def deliver(self, conn: Conn, pub_id: int, seq: int, t_int: int, t_w: int, t_recv: int) -> None: ...
 
-    def acked(self, conn: "Conn", entry: tuple, ok: bool, t_recv: int, detail=None) -> None: ...
+    def acked(self, conn: Conn, entry: tuple, ok: bool, t_recv: int, detail=None) -> None: ...
 
-    def lost_connection(self, conn: "Conn", why: str) -> None: ...
+    def lost_connection(self, conn: Conn, why: str) -> None: ...
 
 
 class ProtocolError(Exception):

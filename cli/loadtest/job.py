@@ -283,9 +283,9 @@ def run(sc: Scenario, endpoints: dict[str, str], out_dir: str, spark=None, maste
 
 def _run(sc: Scenario, spark, endpoints: dict[str, str], out_dir: str, run_id: str, progress: bool,
          monitor: str | None, broker_version: str, tables_uri: str | None) -> dict:
-    from shardbroker.cluster import VERSION
     from shardbroker.cli.loadtest import results as results_mod
     from shardbroker.cli.loadtest.thresholds import parse
+    from shardbroker.cluster import VERSION
 
     sctx = spark.sparkContext
     # A session made elsewhere (a notebook, an earlier getOrCreate) keeps its own settings: refuse to run the load
@@ -299,7 +299,7 @@ def _run(sc: Scenario, spark, endpoints: dict[str, str], out_dir: str, run_id: s
     ticker = Progress(driver_host, progress)
     specs = planning.build(sc, run_id, endpoints, ticker.address)
     ticker.tasks, ticker.interval_s = len(specs), sc.interval
-    started = dt.datetime.now(dt.timezone.utc)
+    started = dt.datetime.now(dt.UTC)
     varz_before = _varz(monitor)
     if progress:
         print(f"loadtest {sc.name}: {len(specs)} tasks on {sctx.master}, run {run_id[:8]}, "

@@ -107,7 +107,7 @@ class Publisher:
             self.reconnects += 1
         try:
             p.conn = await self.connect(self.pubs.index(p), self.closed_model and self.protocol == "nats")
-        except (OSError, asyncio.TimeoutError, ConnectionError) as exc:
+        except (TimeoutError, OSError, ConnectionError) as exc:
             self.error(f"reconnect failed: {type(exc).__name__}: {exc}")
             await asyncio.sleep(0.2)
             return

@@ -23,7 +23,9 @@ from typing import Any, TextIO
 from hdrh.histogram import HdrHistogram
 from hdrh.log import HistogramLogWriter
 
-from shardbroker.cli.loadtest import report, summary as summary_mod, thresholds as thresholds_mod
+from shardbroker.cli.loadtest import report
+from shardbroker.cli.loadtest import summary as summary_mod
+from shardbroker.cli.loadtest import thresholds as thresholds_mod
 from shardbroker.cli.loadtest.schema import SCHEMAS, TABLES, rows_for
 
 
@@ -136,7 +138,7 @@ class _HlogWriter:
         writer.output_log_format_version()
         if self.start_ns:
             start_s = self.start_ns / 1e9
-            iso = dt.datetime.fromtimestamp(start_s, dt.timezone.utc).isoformat()
+            iso = dt.datetime.fromtimestamp(start_s, dt.UTC).isoformat()
             writer.output_comment(f"[StartTime: {start_s:.3f} (seconds since epoch), {iso}]")
             writer.output_base_time(self.start_ns / 1e6)
         writer.output_comment(f"loadtest run {self.run_id} workload {workload} metric {metric}: values in "

@@ -186,8 +186,8 @@ def _timestamp(value: Any) -> dt.datetime:
     elif isinstance(value, str):
         stamp = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
     elif isinstance(value, (int, float)):
-        return dt.datetime.fromtimestamp(value, dt.timezone.utc)
+        return dt.datetime.fromtimestamp(value, dt.UTC)
     else:
         raise TypeError(f"{value!r} is not a datetime")
     # Runs are stamped in UTC; a naive value is taken as UTC rather than the driver's local zone.
-    return stamp if stamp.tzinfo else stamp.replace(tzinfo=dt.timezone.utc)
+    return stamp if stamp.tzinfo else stamp.replace(tzinfo=dt.UTC)

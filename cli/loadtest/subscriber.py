@@ -68,7 +68,7 @@ class Subscriber:
                         s.conn = await self.connect(s.index, False)
                         if not s.spec["late"] or s.t_conf:
                             await s.conn.subscribe(s.spec["subject"], s.spec["group"], self.spec["setup_timeout"])
-                    except (OSError, asyncio.TimeoutError, ConnectionError) as exc:
+                    except (TimeoutError, OSError, ConnectionError) as exc:
                         self.error(f"reconnect failed: {type(exc).__name__}: {exc}")
 
     async def consume(self, s: SubConn) -> None:
@@ -85,7 +85,7 @@ class Subscriber:
                 continue
             try:
                 reply, t_recv = await conn.call(recv, timeout)
-            except (ConnectionError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, ConnectionError) as exc:
                 self.error(f"qrecv: {type(exc).__name__}")
                 continue
             if not reply.get("ok"):
@@ -125,7 +125,7 @@ class Subscriber:
         try:
             reply, _ = await conn.call({"op": "qack", "queue": queue, "receipts": receipts},
                                        self.spec["setup_timeout"])
-        except (ConnectionError, asyncio.TimeoutError):
+        except (TimeoutError, ConnectionError):
             self.error("qack: no reply (connection lost)")
             return
         results = reply.get("results")
@@ -171,7 +171,7 @@ class Subscriber:
                 if self.control.closed.done():
                     self.control = await self.connect(len(self.subs), False)
                 reply, _ = await self.control.call({"op": "qstat", "queue": queue}, 5)
-            except (OSError, asyncio.TimeoutError):
+            except (TimeoutError, OSError):
                 return False
             if reply.get("ok") and (reply.get("stat") or {}).get("messages", 1) != 0:
                 return False

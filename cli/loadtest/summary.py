@@ -326,7 +326,7 @@ def _flags(summary: dict, tasks: list[dict], intervals: list[dict], run: Mapping
 
 def _json_safe(value: Any) -> Any:
     if isinstance(value, dt.datetime):
-        return (value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)).isoformat()
+        return (value if value.tzinfo else value.replace(tzinfo=dt.UTC)).isoformat()
     if isinstance(value, (dt.date, dt.time)):
         return value.isoformat()
     if isinstance(value, Mapping):

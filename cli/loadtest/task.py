@@ -24,8 +24,8 @@ import time
 import orjson
 
 from shardbroker.cli.loadtest.accounting import GroupMember, OrderedTracker
-from shardbroker.cli.loadtest.conns import Conn, Sink, open_conn
 from shardbroker.cli.loadtest.clock import Clock
+from shardbroker.cli.loadtest.conns import Conn, Sink, open_conn
 from shardbroker.cli.loadtest.intervals import Intervals
 from shardbroker.cli.loadtest.plan import clock_subject, split_endpoint
 from shardbroker.cli.loadtest.publisher import PubConn, Publisher

@@ -87,7 +87,7 @@ class Client:
                               + ": is it a shardbroker monitoring port?") from None
         except http.client.HTTPException:  # something that does not speak HTTP (a client port, say)
             raise Unreachable(f"{self.base} does not answer HTTP: is it a shardbroker monitoring port?") from None
-        except (urllib.error.URLError, OSError, socket.timeout) as err:
+        except (TimeoutError, urllib.error.URLError, OSError) as err:
             reason = getattr(err, "reason", err)
             if isinstance(reason, (TimeoutError, socket.timeout)) or isinstance(err, TimeoutError):
                 reason = f"no answer within {self.timeout:g}s"

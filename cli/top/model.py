@@ -20,9 +20,10 @@ from __future__ import annotations
 import re
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Iterable
+from typing import Any
 
 from shardbroker.cli.top.endpoint import BadRequest, Client, is_local
 from shardbroker.cli.top.views import CONNECTIONS, NATS_CONN_SORT, SUBSCRIBERS, sort_rows

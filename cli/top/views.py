@@ -7,9 +7,9 @@ these definitions, and none of them needs the others for that.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
-
+from typing import Any
 
 # -- views: their columns, rows and sort keys ------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""Jolt's NDJSON as a client speaks it, sans I/O (docs/protocol.md; the server's end is workers/protocols/ndjson/codec.py).
+"""Jolt's NDJSON as a client speaks it, sans I/O (docs/protocol.md; the server's end is
+workers/protocols/ndjson/codec.py).
 
 Framing: one JSON object per line, ``\\n``-terminated, both ways.  A request is ``{"op": ..., fields...}``; the
 server answers every request, in order, with a reply whose first key is ``ok``, and sends deliveries, between the

@@ -14,14 +14,38 @@ broker imports the names below from here.
 
 from shardbroker.cluster.config.loader import document, from_document, load
 from shardbroker.cluster.config.schema import ConfigError
-from shardbroker.cluster.config.sections import (QLITE_MAX_HIDDEN, TLS_LISTENERS, BridgeConfig, Config, FabricConfig,
-                                                 LimitsConfig, ListenerTls, ListenerTlsConfig, LoggingConfig,
-                                                 MonitoringConfig, NatsConfig, NetworkConfig, QliteConfig,
-                                                 QueueDefinition, QueuesConfig, RuntimeConfig, SecurityConfig,
-                                                 ShutdownConfig, TlsConfig, TlsSettings, UserConfig, WorkersConfig)
+from shardbroker.cluster.config.sections import (
+                                                 QLITE_MAX_HIDDEN,
+                                                 TLS_LISTENERS,
+                                                 BridgeConfig,
+                                                 Config,
+                                                 FabricConfig,
+                                                 LimitsConfig,
+                                                 ListenerTls,
+                                                 ListenerTlsConfig,
+                                                 LoggingConfig,
+                                                 MonitoringConfig,
+                                                 NatsConfig,
+                                                 NetworkConfig,
+                                                 QliteConfig,
+                                                 QueueDefinition,
+                                                 QueuesConfig,
+                                                 RuntimeConfig,
+                                                 SecurityConfig,
+                                                 ShutdownConfig,
+                                                 TlsConfig,
+                                                 TlsSettings,
+                                                 UserConfig,
+                                                 WorkersConfig,
+)
 from shardbroker.cluster.config.tls import tls_settings
-from shardbroker.cluster.config.users import (configured_users, has_plaintext_passwords, has_qlite_secrets,
-                                              valid_name, without_plaintext_passwords)
+from shardbroker.cluster.config.users import (
+                                                 configured_users,
+                                                 has_plaintext_passwords,
+                                                 has_qlite_secrets,
+                                                 valid_name,
+                                                 without_plaintext_passwords,
+)
 
 __all__ = [
     "QLITE_MAX_HIDDEN", "TLS_LISTENERS", "BridgeConfig", "Config", "ConfigError", "FabricConfig", "LimitsConfig",

@@ -16,13 +16,12 @@ from typing import Any
 
 import orjson
 
-from shardbroker.router.subjects import is_valid_literal
-
 from shardbroker.cluster.config.paths import check_directories
 from shardbroker.cluster.config.schema import ConfigError, build
 from shardbroker.cluster.config.sections import QLITE_MAX_HIDDEN, Config, QueueDefinition
 from shardbroker.cluster.config.tls import check_tls
 from shardbroker.cluster.config.users import check_users, configured_users
+from shardbroker.router.subjects import is_valid_literal
 
 
 def load(path: str | None = None, overrides: dict[str, Any] | None = None, check_paths: bool = True) -> Config:

@@ -35,9 +35,11 @@ PROTOCOLS: tuple[Protocol, ...] = (
              tls_refusal=b'{"ok":false,"error":"tls_required"}\n', optional=False,
              refusals=(("max_connections_per_address", b'{"ok":false,"error":"max_connections_per_address"}\n'),)),
     # nats-server's words for both refusals
-    Protocol("nats", "nats", 4222, "shardbroker.workers.protocols.nats.session:NatsSession", refusal=b"-ERR 'maximum connections exceeded'\r\n",
+    Protocol("nats", "nats", 4222, "shardbroker.workers.protocols.nats.session:NatsSession",
+             refusal=b"-ERR 'maximum connections exceeded'\r\n",
              tls_refusal=b"-ERR 'Secure Connection - TLS Required'\r\n", greets_first=True),
-    Protocol("bridge", "bridge", 9090, "shardbroker.workers.protocols.bridge.session:BridgeSession", refusal=b"F", tls_refusal=b"F"),
+    Protocol("bridge", "bridge", 9090, "shardbroker.workers.protocols.bridge.session:BridgeSession", refusal=b"F",
+             tls_refusal=b"F"),
     # qlite's FAIL frame (workers/protocols/qlite/codec.fail); its clients wait for the server's greeting, so a
     # plaintext one on a TLS port never gets an answer: it times out, as against qlite itself.
     Protocol("qlite", "qlite", 7070, "shardbroker.workers.protocols.qlite.session:QliteSession",

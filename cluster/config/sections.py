@@ -60,7 +60,7 @@ class ListenerTlsConfig:
 
 
 # false: plain TCP; true: the shared ``tls`` section; an object: that section with the object's keys over it
-ListenerTls = Union[bool, ListenerTlsConfig]
+ListenerTls = Union[bool, ListenerTlsConfig]   # noqa: UP007 (the loader reads typing.Union)
 TLS_LISTENERS = LISTENERS   # listener -> its configuration section (cluster/config/protocols.py)
 
 

@@ -14,7 +14,6 @@ from shardbroker.cluster.config.permissions import PermissionFormatError, Permis
 from shardbroker.cluster.config.schema import ConfigError
 from shardbroker.cluster.config.sections import Config, SecurityConfig, UserConfig
 
-
 _USER_NAME = re.compile(r"^[^\s\x00-\x1f\x7f]{1,128}$")
 
 

@@ -9,7 +9,8 @@ second).  Ties go by cid, so pages are stable.  Error texts are nats-server's.
 from __future__ import annotations
 
 import heapq
-from typing import Callable, Iterable, TypeVar
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 T = TypeVar("T")
 

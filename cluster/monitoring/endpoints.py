@@ -3,7 +3,8 @@
 Every request asks each worker over its control channel and aggregates the replies, so a worker whose event loop is
 stuck shows up as unresponsive instead of looking healthy (the reason not to answer from a side thread).  Field
 names follow nats-server's monitoring (``/varz``, ``/connz``, ``/subsz``, ``/healthz``) so existing tooling finds
-what it expects; see docs/operations.md.  ``/metrics`` renders the same replies for Prometheus (cluster/monitoring/metrics.py).
+what it expects; see docs/operations.md.  ``/metrics`` renders the same replies for Prometheus
+(cluster/monitoring/metrics.py).
 """
 
 from __future__ import annotations
@@ -11,16 +12,17 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 import psutil
 
-from shardbroker.cluster.monitoring import connz
 from shardbroker.cluster.config import tls_settings
+from shardbroker.cluster.monitoring import connz
 from shardbroker.cluster.monitoring.httpd import Body, HttpServer
 from shardbroker.cluster.monitoring.processes import ProcessTable, max_fds
-from shardbroker.cluster.security.tls import enabled as tls_enabled, expiry as tls_expiry
+from shardbroker.cluster.security.tls import enabled as tls_enabled
+from shardbroker.cluster.security.tls import expiry as tls_expiry
 
 if TYPE_CHECKING:
     from shardbroker.cluster.config import Config
@@ -30,7 +32,7 @@ class Cluster(Protocol):
     """What the endpoints read from the supervisor (cluster.supervisor.core.Supervisor), named here rather than
     imported: the supervisor imports this module."""
 
-    config: "Config"
+    config: Config
     nworkers: int
     listeners: list[Any]  # acceptor.Listener
     started: float
@@ -47,7 +49,7 @@ class Cluster(Protocol):
 
 
 def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).isoformat().replace("+00:00", "Z")
+    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
 
 
 def _uptime(seconds: float) -> str:
@@ -270,7 +272,8 @@ class Monitor:
         return out
 
     async def _connz(self, query: dict) -> tuple[int, object]:
-        """nats-server's /connz: ``sort=`` (cluster/monitoring/connz.py), ``offset=``, ``limit=`` (default 1024), ``cid=``,
+        """nats-server's /connz: ``sort=`` (cluster/monitoring/connz.py), ``offset=``, ``limit=`` (default 1024),
+        ``cid=``,
         ``subs=1``.  Each worker sorts its own connections and sends only the first offset + limit."""
         subs = query.get("subs") in ("1", "true", "detail")
         sort = connz.check(query.get("sort"))
@@ -327,8 +330,11 @@ class Monitor:
         return 200, {"queues": rows, "total": len(rows)}
 
     async def _metrics(self, accept: str) -> tuple[int, object]:
-        """Prometheus' exposition of the workers' stats, their processes and their queues (cluster/monitoring/metrics.py)."""
-        from shardbroker.cluster.monitoring import metrics  # prometheus_client is imported at the first scrape, not at start-up
+        """Prometheus' exposition of the workers' stats, their processes and their queues
+        (cluster/monitoring/metrics.py)."""
+        from shardbroker.cluster.monitoring import (
+            metrics,  # prometheus_client is imported at the first scrape, not at start-up
+        )
 
         sup, cfg = self.sup, self.sup.config
         replies = {r["worker"]: r for r in await sup.query({"k": "stats", "what": "queues"})}

@@ -6,7 +6,8 @@ another format (/metrics); it sees the request's headers (Accept), and a ``Body`
 asks for it (Prometheus does).
 
 HTTPS (``monitoring.tls``): the server accepts itself and asks ``tls()`` for the context of each new connection,
-so that a reload's certificates serve the next request.  The handshake runs here, in the supervisor (cluster.security.tls:
+so that a reload's certificates serve the next request.  The handshake runs here, in the supervisor
+(cluster.security.tls:
 on its event loop, never blocking it): a handful of scrapes a minute cost it nothing worth moving elsewhere.
 A plain HTTP request to an HTTPS port gets a plain ``400`` that says so.
 """
@@ -19,9 +20,9 @@ import gzip
 import logging
 import socket
 import ssl
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Awaitable, Callable
 from urllib.parse import parse_qs, urlsplit
 
 import orjson

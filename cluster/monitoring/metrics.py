@@ -18,12 +18,17 @@ docs/operations.md lists every series.
 from __future__ import annotations
 
 import platform
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.metrics_core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily,
-                                            InfoMetricFamily, Metric)
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 
 from shardbroker.cluster.monitoring.processes import ProcessSample
 
@@ -52,7 +57,8 @@ class Scrape:
     max_connections: int
     max_pending_bytes: int
     queues: list[dict] = field(default_factory=list)   # /queuez rows (with "owner")
-    breaches: dict[str, int] = field(default_factory=dict)   # the supervisor's: connection limits (cluster.supervisor.admission)
+    # the supervisor's: connection limits (cluster.supervisor.admission)
+    breaches: dict[str, int] = field(default_factory=dict)
     accept_errors: int = 0
     tls: dict[str, int] = field(default_factory=dict)   # the supervisor's TLS handshakes (monitoring), by outcome
     tls_not_after: dict[str, float] = field(default_factory=dict)   # listener -> when its certificate expires

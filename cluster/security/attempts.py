@@ -20,7 +20,7 @@ import asyncio
 import collections
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from shardbroker.cluster.config import SecurityConfig
 

@@ -6,7 +6,8 @@
 - Failures per source address are counted here, across all workers (a client's connections are spread over all
   of them): past ``failures_per_address`` within ``failure_window`` the address is blocked on every worker for
   ``block_duration``.
-- A reload (SIGHUP, ``brokerctl reload``: cluster.supervisor.reload) re-reads the configuration file's users (runtime changes
+- A reload (SIGHUP, ``brokerctl reload``: cluster.supervisor.reload) re-reads the configuration file's users
+  (runtime changes
   are dropped: users are not persisted).
 - At start, the configured plaintext passwords are hashed on threads while the workers boot (hashlib releases the
   GIL); the workers start with an empty registry and get the configured users, as one change they acknowledge,
@@ -22,9 +23,9 @@ import stat
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
+from shardbroker.cluster.config import Config, has_plaintext_passwords, has_qlite_secrets
 from shardbroker.cluster.security import users
 from shardbroker.cluster.security.attempts import Attempts
-from shardbroker.cluster.config import Config, has_plaintext_passwords, has_qlite_secrets
 
 
 class Cluster(Protocol):
@@ -117,7 +118,8 @@ class SecurityManager:
             fut.set_result(None)
 
     async def reload_users(self, config: Config) -> None:
-        """A reload (cluster.supervisor.reload): the file's users replace every user, those made at run time included, and
+        """A reload (cluster.supervisor.reload): the file's users replace every user, those made at run time included,
+        and
         its settings (failure counting, no_auth_user) replace the running ones."""
         warn_if_exposed(config)
         registry = await asyncio.to_thread(users.from_config, config.security)

@@ -21,11 +21,10 @@ import socket
 import ssl
 import tempfile
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
-from shardbroker.cluster.config import protocols
+from shardbroker.cluster.config import TLS_LISTENERS, Config, TlsSettings, protocols, tls_settings
 from shardbroker.cluster.config.certnames import describe
-from shardbroker.cluster.config import TLS_LISTENERS, Config, TlsSettings, tls_settings
 
 Material = dict[str, str]   # path -> the PEM text it held when read
 _VERSIONS = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}

@@ -18,9 +18,8 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from shardbroker.cluster.config import certnames, passwords
 # The configuration owns what a file may say about users (and checks it at load); this module builds on it.
-from shardbroker.cluster.config import SecurityConfig, configured_users
+from shardbroker.cluster.config import SecurityConfig, certnames, configured_users, passwords
 from shardbroker.cluster.config.permissions import Permissions
 
 
@@ -88,7 +87,7 @@ class Registry:
         return [u.entry() for u in self.users.values()]
 
     @classmethod
-    def from_snapshot(cls, entries: list[dict]) -> "Registry":
+    def from_snapshot(cls, entries: list[dict]) -> Registry:
         return cls([_user(e) for e in entries])
 
     def listing(self) -> list[dict]:

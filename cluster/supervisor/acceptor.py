@@ -16,8 +16,8 @@ import asyncio
 import errno
 import logging
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 log = logging.getLogger("broker.acceptor")
 
@@ -31,7 +31,8 @@ class Listener:
     protocol: str            # "ndjson", "nats", ... : which codec the worker puts on the connection
     sock: socket.socket
     refusal: bytes = b""     # written before closing a connection over the limit
-    refusals: dict[str, bytes] = field(default_factory=dict)   # by limit (cluster.supervisor.admission), where not ``refusal``
+    # by limit (cluster.supervisor.admission), where not ``refusal``
+    refusals: dict[str, bytes] = field(default_factory=dict)
     home: int | None = None  # the worker its connections go to while that one is ready (qlite: its queue's owner)
     # Where it listens, read once: in lame duck the socket is closed, and monitoring still reports the address.
     address: tuple[str, int] = field(init=False)

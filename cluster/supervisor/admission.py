@@ -12,8 +12,8 @@ workers, would need shared memory and locks for what is one dictionary here.  Se
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from shardbroker.cluster.config import LimitsConfig
 

@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import socket
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from shardbroker.cluster import runtime
 

@@ -32,30 +32,30 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from shardbroker.workers import speedups
-
 from shardbroker.cluster import control, runtime
-from shardbroker.cluster.supervisor import datadir, systemd
+from shardbroker.cluster.config import Config, without_plaintext_passwords
+from shardbroker.cluster.logs import flush_floods, setup_logging
 from shardbroker.cluster.security import tls
+from shardbroker.cluster.security.manager import SecurityManager
+from shardbroker.cluster.supervisor import datadir, systemd
 from shardbroker.cluster.supervisor.acceptor import Acceptor, Listener
 from shardbroker.cluster.supervisor.admission import Admission
 from shardbroker.cluster.supervisor.command_socket import CommandServer
-from shardbroker.cluster.config import Config, without_plaintext_passwords
 from shardbroker.cluster.supervisor.handoff import Handoff
 from shardbroker.cluster.supervisor.lameduck import LameDuck
 from shardbroker.cluster.supervisor.launch import WorkerProcess
 from shardbroker.cluster.supervisor.listeners import adopt, open_listeners
-from shardbroker.cluster.logs import flush_floods, setup_logging
 from shardbroker.cluster.supervisor.messages import WorkerMessages
 from shardbroker.cluster.supervisor.reload import Outcome, Reloader
-from shardbroker.cluster.security.manager import SecurityManager
 from shardbroker.cluster.supervisor.service_status import ServiceStatus
 from shardbroker.cluster.supervisor.slots import WorkerSlot, kill, left, murder_unresponsive
+from shardbroker.workers import speedups
 
 if TYPE_CHECKING:
     from shardbroker.cluster.monitoring.endpoints import Monitor
 
-# Start-up (docs/performance-notes.md, scripts/measure/startup_time.py): the workers' interpreters are started all at once,
+# Start-up (docs/performance-notes.md, scripts/measure/startup_time.py): the workers' interpreters are started all at
+# once,
 # without importing any of their modules here; what the supervisor needs only once they are up (monitoring, the
 # package version) is imported while they import theirs, and the configured passwords are hashed on threads
 # meanwhile.

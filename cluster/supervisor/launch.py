@@ -24,7 +24,8 @@ import pickle
 import socket
 import subprocess
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 # The worker's command line is `<python> <flags> -S -c BOOT broker-worker <index> <boot fd> <control fd>`.  With
 # -S no site hook runs, so the package is found where the supervisor found it: the folder that holds its

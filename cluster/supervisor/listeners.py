@@ -10,12 +10,10 @@ from __future__ import annotations
 import logging
 import socket
 
-from shardbroker.router import shardmap
-
-from shardbroker.cluster.config import protocols
-from shardbroker.cluster.config import Config
+from shardbroker.cluster.config import Config, protocols
 from shardbroker.cluster.supervisor import systemd
 from shardbroker.cluster.supervisor.acceptor import Listener, bind
+from shardbroker.router import shardmap
 
 log = logging.getLogger("broker.supervisor")
 

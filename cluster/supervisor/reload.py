@@ -22,9 +22,9 @@ import logging
 import time
 from typing import Any, Protocol
 
-from shardbroker.cluster.supervisor import systemd
-from shardbroker.cluster.security import tls
 from shardbroker.cluster.config import Config, ConfigError, document, load, without_plaintext_passwords
+from shardbroker.cluster.security import tls
+from shardbroker.cluster.supervisor import systemd
 
 log = logging.getLogger("broker.reload")
 

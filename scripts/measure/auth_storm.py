@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Delivery latency to connected subscribers while many clients authenticate at once.
 
-    .venv/bin/python scripts/measure/auth_storm.py                       # 50 clients, 600,000 PBKDF2 iterations, 1 worker
+    .venv/bin/python scripts/measure/auth_storm.py                       # 50 clients, 600,000 PBKDF2 iterations, 1
+    worker
     .venv/bin/python scripts/measure/auth_storm.py --clients 200 --iterations 100000
 
 Starts a broker with security on (one worker, so that every connection shares its event loop), keeps a publisher
@@ -19,7 +20,6 @@ import json
 import os
 import tempfile
 import time
-
 
 from shardbroker.cli.bench.measure import percentiles  # noqa: E402
 from shardbroker.cli.bench.servers import start_broker  # noqa: E402

@@ -18,12 +18,11 @@ import cProfile
 import pstats
 import time
 
-
 from shardbroker.cluster.config import load  # noqa: E402
+from shardbroker.workers import speedups  # noqa: E402
 from shardbroker.workers.auth import Authenticator  # noqa: E402
 from shardbroker.workers.hub import Hub  # noqa: E402
 from shardbroker.workers.protocols.nats.session import NatsSession  # noqa: E402
-from shardbroker.workers import speedups  # noqa: E402
 from shardbroker.workers.protocols.ndjson.session import NdjsonSession  # noqa: E402
 
 

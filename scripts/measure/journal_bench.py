@@ -18,7 +18,6 @@ import os
 import tempfile
 import time
 
-
 from shardbroker.workers.workqueues.journal import FSYNC_MODES, Journal  # noqa: E402
 
 

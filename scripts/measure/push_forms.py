@@ -24,7 +24,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 from support.harness import measured_broker, nats_ready  # noqa: E402

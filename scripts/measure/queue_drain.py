@@ -21,7 +21,6 @@ import os
 import tempfile
 import time
 
-
 import psutil  # noqa: E402
 
 from shardbroker.cli.bench import servers  # noqa: E402

@@ -36,15 +36,14 @@ import tempfile
 import time
 import zlib
 
-
 import orjson  # noqa: E402
+from hotpath import NullTransport  # noqa: E402  (scripts/measure/hotpath.py, beside this file)
 
 from shardbroker.cluster.config import load  # noqa: E402
 from shardbroker.workers import workqueues  # noqa: E402
 from shardbroker.workers.auth import Authenticator  # noqa: E402
 from shardbroker.workers.hub import Hub  # noqa: E402
 from shardbroker.workers.protocols.ndjson.session import NdjsonSession  # noqa: E402
-from hotpath import NullTransport  # noqa: E402  (scripts/measure/hotpath.py, beside this file)
 
 
 class Transport(NullTransport):
@@ -123,7 +122,8 @@ class Clock:
 
 
 async def run(opts, tmp: str) -> None:
-    # the consumer stays a worker away, not moved to the owner (workers/protocols/ndjson/moves.py), unless --local puts it there
+    # the consumer stays a worker away, not moved to the owner (workers/protocols/ndjson/moves.py), unless --local puts
+    # it there
     raw = {"queues": {"journal": not opts.no_journal, "move_connections": False}}
     cfg_path = os.path.join(tmp, "config.json")
     with open(cfg_path, "w") as fh:

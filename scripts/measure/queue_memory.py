@@ -6,7 +6,8 @@ sample the RSS of both workers (docs/reliability.md, Soak).
     .venv/bin/python scripts/measure/queue_memory.py --messages 300000 --config '{"queues": {"visibility_timeout": 1}}'
 
 The producer and the consumer connect to the worker that does NOT own the queue, as the soak's clients mostly do,
-so every push carries a token (kept in ``workers/workqueues/history.py``) and every reply crosses the fabric.  Each round pushes 100
+so every push carries a token (kept in ``workers/workqueues/history.py``) and every reply crosses the fabric.  Each
+round pushes 100
 single messages (pipelined), receives them (``qrecv`` max 100) and acks them in one batch ``qack``.  Prints one
 JSON line per sample (messages so far, RSS of the owner and of the other worker, MiB) and a summary.
 """
@@ -26,6 +27,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 from support.harness import Broker, on_worker  # noqa: E402
+
 
 def rss_mib(pid: int) -> float:
     return round(psutil.Process(pid).memory_info().rss / 2**20, 1)

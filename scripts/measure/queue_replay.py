@@ -37,7 +37,6 @@ import statistics
 import tempfile
 import time
 
-
 from shardbroker.workers.message import KIND_JSON  # noqa: E402
 from shardbroker.workers.workqueues.journal import Journal  # noqa: E402
 from shardbroker.workers.workqueues.messages import D_RECEIPT  # noqa: E402
@@ -66,7 +65,8 @@ async def build(path: str, n: int, size: int, batch: int, consumed: float, toget
     t0 = time.perf_counter()
     run: list[bytes] = []
     for i in range(1, n + 1):
-        if together > 1:   # a run of pipelined pushes, as NDJSON hands it over (protocols.ndjson.queue_verbs.push_run): one clock
+        # a run of pipelined pushes, as NDJSON hands it over (protocols.ndjson.queue_verbs.push_run): one clock
+        if together > 1:
             run.append(b'"%0*d"' % (digits, i))
             if len(run) == together or i == n:
                 handle("pushes", {"queue": QUEUE, "pushes": run}, HOLDER, reply)

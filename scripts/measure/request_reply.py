@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 from shardbroker.cli.bench import servers  # noqa: E402
+
 from support.harness import nats_ready  # noqa: E402
 
 

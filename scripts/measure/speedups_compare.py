@@ -2,7 +2,8 @@
 """Per-message cost of each hot-path function (workers/purepath.py), on every implementation at hand.
 
     .venv/bin/python scripts/measure/speedups_compare.py                      # the pure reference and workers._speedups
-    .venv/bin/python scripts/measure/speedups_compare.py pp_cython pp_mypyc   # and modules built from copies of purepath.py
+    .venv/bin/python scripts/measure/speedups_compare.py pp_cython pp_mypyc   # and modules built from copies of
+    purepath.py
 
 How the compiled path was chosen (docs/architecture.md): copies of workers/purepath.py built by
 ``cythonize -3 -i pp_cython.py`` and ``mypyc pp_mypyc.py`` (mypyc wants three variables of ``ndjson_runs`` typed),

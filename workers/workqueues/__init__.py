@@ -34,7 +34,7 @@ log = logging.getLogger("broker.queues")
 GC_THRESHOLD = 2_000
 
 
-def settings(config: "Config") -> tuple[Settings, dict[str, Settings]]:
+def settings(config: Config) -> tuple[Settings, dict[str, Settings]]:
     """The defaults, and each configured queue's settings (its keys over the defaults)."""
     q = config.queues
     base = Settings(visibility_ms=int(q.visibility_timeout * 1000), max_deliveries=q.max_deliveries,
@@ -75,7 +75,7 @@ def _same_placement(directory: str, workers: int) -> None:
         os.replace(tmp, marker)
 
 
-def start(index: int, config: "Config", runtime_dir: str, hub: "Hub") -> QueueService:
+def start(index: int, config: Config, runtime_dir: str, hub: Hub) -> QueueService:
     """This worker's shard, rebuilt from its journal (a replaced worker's, or a restarted broker's with
     ``queues.data_dir``), and the service that reaches every shard.  Runs before the worker joins the fabric, so
     nobody sends it a request before its queues are back."""

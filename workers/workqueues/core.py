@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 from shardbroker.workers import speedups
-
 from shardbroker.workers.workqueues import purecore
 
 _impl, MISSING = speedups.load("shardbroker.workers.workqueues._qcore", purecore)

@@ -8,7 +8,7 @@ and the nearest one that exists (``unknown_field``), on NDJSON and in the JSON b
 from __future__ import annotations
 
 import difflib
-from typing import Iterable
+from collections.abc import Iterable
 
 from shardbroker.workers.workqueues.operations import OPERATIONS
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 from shardbroker.workers.workqueues import journal_disk
 from shardbroker.workers.workqueues.journal_codec import HEADER_SIZE, crc32, dumps, encode_turn, loads, unpack_header

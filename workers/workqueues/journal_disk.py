@@ -7,7 +7,8 @@ the syncer's thread included.
 
 Room ahead of the end (``everysec``).  On ext4 an append to blocks not yet allocated waits for the file's block map,
 which an fsync under way holds while it allocates the blocks it writes back: a commit stood still 4-11 ms once a
-second with a producer pushing (``scripts/measure/serving_latency.py --during fsync``).  So before each sync the syncer's
+second with a producer pushing (``scripts/measure/serving_latency.py --during fsync``).  So before each sync the
+syncer's
 thread allocates about two seconds of the journal's writes past its end (``fallocate`` keeping the size: the file's
 length and content are unchanged, replay never sees the room), and the commits meanwhile write into blocks already
 there; ``close`` gives back what is left of it.
@@ -21,8 +22,8 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from queue import SimpleQueue
-from typing import Callable
 
 log = logging.getLogger("broker.journal")
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from shardbroker.workers.workqueues import journal_disk
 

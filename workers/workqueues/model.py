@@ -37,7 +37,7 @@ and ``rules`` (``Settings``, ``QueueError``, the DLQ's name).
 from __future__ import annotations
 
 import heapq
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from shardbroker.workers.workqueues import core
 from shardbroker.workers.workqueues.history import History
@@ -57,7 +57,7 @@ class Queue(Pushes, Leases):
     ``pushes``, ``leases``, ``acks``) are applied by the live path directly (the same helpers as ``apply``, minus
     finding what the live path has in hand) and then journaled."""
 
-    def __init__(self, name: str, settings: Settings, schedule: Callable[[int, "Queue"], None],
+    def __init__(self, name: str, settings: Settings, schedule: Callable[[int, Queue], None],
                  journal: Callable[[str, tuple], None]) -> None:
         self.name = name
         self.dlq_name = "" if is_dlq(name) else name + DLQ_SUFFIX   # where its dead letters go ("": itself)

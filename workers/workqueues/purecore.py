@@ -3,14 +3,16 @@
 
 Both must give identical results and leave identical state for every input (tests/unit/test_qcore.py checks them
 against each other on random queues), so any change here is a change there.  What each loop does is the queue's
-business (``model``, ``protocols.ndjson.queue_verbs``); these functions are its inner loops, with the state they touch passed in:
+business (``model``, ``protocols.ndjson.queue_verbs``); these functions are its inner loops, with the state they touch
+passed in:
 
 - ``b64url_chunks``: each ``width`` bytes of ``raw`` as unpadded base64url text (receipts, message ids).
 - ``grant``: lease ``seqs`` under ``receipts``: the lease tuples, ``leased``, ``deliveries`` counted up.
 - ``delivered``: the ``model.D_*`` tuples a receive hands the protocol.
 - ``ack_run``: ack ``receipts`` from ``start`` on while each is a text with a live lease; stop at the first that
   is not (the caller's general path answers it, then calls again after it).
-- ``render_deliveries``: a ``qrecv`` reply's messages, ``render`` (``protocols.ndjson.queue_verbs._message``) applied to each and
+- ``render_deliveries``: a ``qrecv`` reply's messages, ``render`` (``protocols.ndjson.queue_verbs._message``)
+  applied to each and
   joined; the compiled one writes the common case itself (JSON data, not a dead letter) byte for byte as
   ``render`` does.
 - ``store_run``: new messages of one kind, priority and time, with sequence numbers from ``seq`` on, into
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 import marshal
 from binascii import b2a_base64
-from typing import Callable
+from collections.abc import Callable
 
 _URLSAFE = bytes.maketrans(b"+/", b"-_")
 

@@ -10,11 +10,22 @@ from __future__ import annotations
 
 import itertools
 import operator
-from typing import Iterator
+from collections.abc import Iterator
 
 from shardbroker.workers.workqueues import core
 from shardbroker.workers.workqueues.messages import (
-    DATA, ENQUEUED, ID, KIND, L_DEADLINE, L_GRANTED, L_VISIBILITY, PRIORITY, REASON, REDRIVEN, SEQ, SOURCE,
+    DATA,
+    ENQUEUED,
+    ID,
+    KIND,
+    L_DEADLINE,
+    L_GRANTED,
+    L_VISIBILITY,
+    PRIORITY,
+    REASON,
+    REDRIVEN,
+    SEQ,
+    SOURCE,
 )
 from shardbroker.workers.workqueues.receipts import ID_CHARS
 

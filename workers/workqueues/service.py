@@ -17,12 +17,12 @@ import asyncio
 import itertools
 import logging
 import time
-from typing import TYPE_CHECKING, Callable, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 from shardbroker.router import control, shardmap
 from shardbroker.workers.message import as_bytes
 from shardbroker.workers.turn import TURN_BUDGET, Turn
-
 from shardbroker.workers.workqueues.operations import ADMIN, BY_NAME, OPERATIONS, PUBLISH
 from shardbroker.workers.workqueues.rules import DLQ_SUFFIX
 from shardbroker.workers.workqueues.shard import Shard
@@ -87,11 +87,11 @@ class Host(Protocol):
     index: int
     workers: int
     loop: asyncio.AbstractEventLoop
-    config: "Config"
-    auth: "Authenticator"
-    fabric: "Fabric | None"
+    config: Config
+    auth: Authenticator
+    fabric: Fabric | None
     conns: dict
-    polls: "PendingPolls"
+    polls: PendingPolls
     turn: Turn
     turn_work: int
 

@@ -31,11 +31,10 @@ import asyncio
 import collections
 import dataclasses
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from shardbroker.router.subjects import is_valid_literal
 from shardbroker.workers.tally import Tally
-
 from shardbroker.workers.workqueues.journal import Journal
 from shardbroker.workers.workqueues.model import Queue
 from shardbroker.workers.workqueues.operations import OPERATIONS

@@ -14,7 +14,6 @@ import logging
 import time
 
 from shardbroker.router import guard
-
 from shardbroker.workers.workqueues.messages import D_RECEIPT, pushed_seqs
 from shardbroker.workers.workqueues.model import Queue
 from shardbroker.workers.workqueues.receipts import record_text

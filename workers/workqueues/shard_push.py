@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 
 from shardbroker.workers.message import KIND_JSON
-
 from shardbroker.workers.workqueues.messages import MAX_PRIORITY
 from shardbroker.workers.workqueues.model import Queue
 from shardbroker.workers.workqueues.rules import QueueError
@@ -102,7 +101,8 @@ class Pushing:
     def _pushes(self, args: dict, holder: tuple, reply: Reply) -> dict:
         """Single pushes to one queue that arrived together (``pushes``: a list of push args without ``queue``, or
         the bytes of a push's data with the request's ``priority``, ``delay_ms`` and ``kind``, if any: JSON from
-        protocols.ndjson.queue_verbs.push_run, raw from protocols.nats.queue_verbs), each stored or refused on its own, as if sent one by one (unlike
+        protocols.ndjson.queue_verbs.push_run, raw from protocols.nats.queue_verbs), each stored or refused on its own,
+        as if sent one by one (unlike
         a batch push's all or nothing); one call and, from another worker, one request instead of one each.
         -> ``{"ok": true, "results": [...]}``, or ``{"ok": true, "ids": [...]}`` when every one was stored."""
         q = self._pushed_to(args)
@@ -180,7 +180,8 @@ class Pushing:
             stored = q.tokens.get(token)
             if stored is not None:  # sent again (a client's retry, a resend after a crash): one copy
                 return self._repeat(q, stored, token, None)
-        datas = args.get("datas")   # JSON data alone, the request's priority and delay for all (protocols.ndjson.queue_verbs)
+        # JSON data alone, the request's priority and delay for all (protocols.ndjson.queue_verbs)
+        datas = args.get("datas")
         items = args["messages"] if datas is None else datas
         if type(items) is not list or not 1 <= len(items) <= MAX_BATCH:
             raise QueueError("invalid_messages", min=1, max=MAX_BATCH)

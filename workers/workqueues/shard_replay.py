@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 log = logging.getLogger("broker.queues")
 

@@ -8,7 +8,7 @@ read it, and ``shard`` is made of them.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from shardbroker.workers.workqueues.rules import QueueError
 

@@ -11,11 +11,11 @@ any message on their subject, from any protocol, as chunks and the end marker.
 
 from __future__ import annotations
 
-from shardbroker.workers.protocols.bridge import codec
 from shardbroker.workers.connection import Connection
 from shardbroker.workers.hub import Hub
-from shardbroker.workers.subscription import Subscription
 from shardbroker.workers.message import KIND_RAW, as_bytes
+from shardbroker.workers.protocols.bridge import codec
+from shardbroker.workers.subscription import Subscription
 
 
 class BridgeSession(Connection):

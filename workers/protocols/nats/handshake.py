@@ -43,7 +43,7 @@ async def _known(user):
 class Handshake:
     """INFO and CONNECT, for ``NatsSession`` (whose attributes these methods read and set)."""
 
-    _cfg: "NatsConfig"
+    _cfg: NatsConfig
 
     def tls_greeting(self, peer: tuple) -> bytes:
         """The INFO that goes out in plaintext before the TLS handshake (workers.tls, as nats-server does); the

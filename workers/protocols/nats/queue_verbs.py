@@ -26,10 +26,9 @@ import orjson
 from shardbroker.router.subjects import is_valid_literal
 from shardbroker.workers.delivery import Outgoing
 from shardbroker.workers.message import KIND_RAW, as_bytes
-
 from shardbroker.workers.workqueues import fields as known
-from shardbroker.workers.workqueues.operations import OPERATIONS
 from shardbroker.workers.workqueues.messages import D_DATA, D_DELIVERIES, D_ID, D_KIND, D_RECEIPT, MS
+from shardbroker.workers.workqueues.operations import OPERATIONS
 from shardbroker.workers.workqueues.service import PUSH_WORK, allowed
 from shardbroker.workers.workqueues.shard_requests import MAX_BATCH, MAX_WAIT_MS
 
@@ -41,11 +40,11 @@ if TYPE_CHECKING:
 class Session(Protocol):
     """What the queue verbs need of a NATS session (``workers.protocols.nats.session.NatsSession``)."""
 
-    hub: "Hub"
+    hub: Hub
     cid: int
     user: Any
     closed: bool
-    gathered: "_Gathered | None"
+    gathered: _Gathered | None
     _secure: bool
 
 _OPS = {op.nats: op.name for op in OPERATIONS if op.nats}   # $Q.<VERB> -> the operation
@@ -276,7 +275,7 @@ def _own_subscriptions(session: Session, reply: str) -> list:
     return [sub for sub in session.hub.route(reply).nats if sub.conn is session]
 
 
-def _deliver(hub: "Hub", subs: list, out: Outgoing) -> bool:
+def _deliver(hub: Hub, subs: list, out: Outgoing) -> bool:
     """``out`` to each of ``subs`` (one connection's), honouring delivery limits; False if the last one's was
     reached."""
     alive = True
@@ -298,7 +297,7 @@ def _delivery_headers(m: tuple) -> bytes:
             % (m[D_RECEIPT], m[D_DELIVERIES], m[D_ID])).encode()
 
 
-def _deliveries(hub: "Hub", sub: "Subscription", reply_b: bytes, queue: str, messages: list) -> None:
+def _deliveries(hub: Hub, sub: Subscription, reply_b: bytes, queue: str, messages: list) -> None:
     """A receive's messages as HMSG frames for ``sub`` (no delivery limit, headers negotiated), made in one loop
     and delivered in chunks of at most ``_CHUNK`` payload bytes and one message (``Hub.send_frames``)."""
     head = b"HMSG %s %s $Q.ACK.%s." % (reply_b, sub.sid, queue.encode())

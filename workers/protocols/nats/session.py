@@ -22,18 +22,22 @@ import time
 import orjson
 
 from shardbroker.router.subjects import covers, is_valid_pattern
-
-from shardbroker.workers.protocols.nats import codec
 from shardbroker.workers.connection import Connection
 from shardbroker.workers.delivery import Outgoing
 from shardbroker.workers.hub import Hub
-from shardbroker.workers.subscription import Subscription
 from shardbroker.workers.message import KIND_RAW
+from shardbroker.workers.protocols.nats import codec
 from shardbroker.workers.protocols.nats import queue_verbs as queue_ops
 from shardbroker.workers.protocols.nats.handshake import (
-    ERR_AUTH_TIMEOUT, ERR_AUTH_VIOLATION, ERR_INVALID_PUB_SUBJECT, ERR_INVALID_SUBJECT, ERR_MAX_SUBS, ERR_STALE,
+    ERR_AUTH_TIMEOUT,
+    ERR_AUTH_VIOLATION,
+    ERR_INVALID_PUB_SUBJECT,
+    ERR_INVALID_SUBJECT,
+    ERR_MAX_SUBS,
+    ERR_STALE,
     Handshake,
 )
+from shardbroker.workers.subscription import Subscription
 
 log = logging.getLogger("broker.nats")
 

@@ -50,14 +50,14 @@ def _permissions(req: dict) -> list[str]:
     return perms
 
 
-async def _apply(hub: "Hub", change: dict) -> dict:
+async def _apply(hub: Hub, change: dict) -> dict:
     reply = await hub.supervisor_request({"k": "admin", "change": change})
     if reply.get("error"):
         raise AdminError(reply["error"])
     return {}
 
 
-async def create_user(hub: "Hub", req: dict) -> dict:
+async def create_user(hub: Hub, req: dict) -> dict:
     name, password, perms = _name(req), _password(req), _permissions(req)
     if hub.auth.registry.get(name) is not None:
         raise AdminError("user_exists")  # answered here to spare the hashing; the supervisor checks again
@@ -65,22 +65,22 @@ async def create_user(hub: "Hub", req: dict) -> dict:
                               "permissions": perms})
 
 
-async def delete_user(hub: "Hub", req: dict) -> dict:
+async def delete_user(hub: Hub, req: dict) -> dict:
     return await _apply(hub, {"op": "delete", "user": _name(req)})
 
 
-async def set_password(hub: "Hub", req: dict) -> dict:
+async def set_password(hub: Hub, req: dict) -> dict:
     name, password = _name(req), _password(req)
     if hub.auth.registry.get(name) is None:
         raise AdminError("unknown_user")
     return await _apply(hub, {"op": "password", "user": name, "hash": await hub.auth.hash(password)})
 
 
-async def set_permissions(hub: "Hub", req: dict) -> dict:
+async def set_permissions(hub: Hub, req: dict) -> dict:
     return await _apply(hub, {"op": "permissions", "user": _name(req), "permissions": _permissions(req)})
 
 
-async def list_users(hub: "Hub", req: dict) -> dict:
+async def list_users(hub: Hub, req: dict) -> dict:
     return {"users": hub.auth.registry.listing()}
 
 

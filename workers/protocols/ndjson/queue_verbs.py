@@ -13,21 +13,21 @@ objects, stored together or not at all, answered with their ids in order).
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import orjson
 
-from shardbroker.workers.protocols.ndjson import moves, codec
 from shardbroker.workers.connection import Connection
-from shardbroker.workers.turn import TURN_BUDGET
 from shardbroker.workers.message import KIND_JSON, as_json
+from shardbroker.workers.protocols.ndjson import codec, moves
 from shardbroker.workers.speedups import qpush_batch, unplain
-
-from shardbroker.workers.workqueues import core, fields as known
+from shardbroker.workers.turn import TURN_BUDGET
+from shardbroker.workers.workqueues import core
+from shardbroker.workers.workqueues import fields as known
 from shardbroker.workers.workqueues.operations import OPERATIONS
 from shardbroker.workers.workqueues.service import PUSH_WORK, allowed
 from shardbroker.workers.workqueues.shard_requests import MAX_BATCH
-
 
 
 class Session(Protocol):
@@ -38,7 +38,7 @@ class Session(Protocol):
     user: Any
     leftover: Any
     movable: bool
-    push_group: "_PushGroup | None"
+    push_group: _PushGroup | None
     pending_replies: int
     _secure: bool
 

@@ -16,20 +16,18 @@ import asyncio
 import collections
 import logging
 import os
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from shardbroker.router.subjects import is_valid_literal, is_valid_pattern
-
-from shardbroker.workers.protocols.ndjson import admin
-from shardbroker.workers.protocols.ndjson import codec
 from shardbroker.workers.auth import RateLimited
 from shardbroker.workers.connection import Connection
 from shardbroker.workers.hub import Hub
-from shardbroker.workers.subscription import Subscription
 from shardbroker.workers.message import KIND_JSON
-from shardbroker.workers.speedups import ndjson_runs
+from shardbroker.workers.protocols.ndjson import admin, codec
 from shardbroker.workers.protocols.ndjson.queue_verbs import OPS as QUEUE_OPS
 from shardbroker.workers.protocols.ndjson.queue_verbs import PUSH, flush_pushes, push_run
+from shardbroker.workers.speedups import ndjson_runs
+from shardbroker.workers.subscription import Subscription
 
 log = logging.getLogger("broker.ndjson")
 
@@ -56,7 +54,7 @@ class NdjsonSession(Connection):
         # Replies still awaited, in request order: a request answered later (a work-queue request, which goes to
         # the queue's owner) reserves its place, and what is sent after it waits behind it (``reserve``/``fill``).
         self._slots: collections.deque[list] = collections.deque()
-        self.push_group = None   # single qpushes to one queue, gathered while a read is processed (protocols.ndjson.queue_verbs)
+        self.push_group = None   # single qpushes to one queue, gathered while a read is processed (queue_verbs)
         self.movable = hub.config.queues.move_connections
 
     # -- replies in request order, some of them later --------------------------------------------------------
@@ -101,7 +99,8 @@ class NdjsonSession(Connection):
                 asyncio.ensure_future(self._claim_certificate_user(mapped))
 
     def arrived(self, state: dict) -> None:
-        """Taken over from another worker (workers/protocols/ndjson/moves.py): who it is, and what it sent that was not processed
+        """Taken over from another worker (workers/protocols/ndjson/moves.py): who it is, and what it sent that was not
+        processed
         there, which goes before anything read here."""
         self.movable = False
         self.started = state["started"]

@@ -32,15 +32,15 @@ import asyncio
 import logging
 import os
 import weakref
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from shardbroker.workers.auth import RateLimited
 from shardbroker.workers.connection import Connection
 from shardbroker.workers.message import KIND_RAW, as_bytes
-from shardbroker.workers.tally import Tally
-
 from shardbroker.workers.protocols.qlite import codec
+from shardbroker.workers.tally import Tally
 from shardbroker.workers.workqueues.messages import D_DATA, D_KIND, D_RECEIPT
 from shardbroker.workers.workqueues.receipts import receipt_bytes, receipt_text
 from shardbroker.workers.workqueues.rules import DLQ_SUFFIX
@@ -62,8 +62,8 @@ REFUSAL = codec.REFUSAL     # the acceptor's, over limits.max_connections; ours,
 
 _HANDSHAKE = "handshake"
 # Per worker process (one hub each): connections in their handshake, and the logged-in ones by role.
-_seats: "weakref.WeakKeyDictionary[Hub, dict[str, int]]" = weakref.WeakKeyDictionary()
-_handshaking: "weakref.WeakKeyDictionary[Hub, Tally]" = weakref.WeakKeyDictionary()   # by address
+_seats: weakref.WeakKeyDictionary[Hub, dict[str, int]] = weakref.WeakKeyDictionary()
+_handshaking: weakref.WeakKeyDictionary[Hub, Tally] = weakref.WeakKeyDictionary()   # by address
 _pool: ThreadPoolExecutor | None = None
 # Whether the owner's push result says how many messages are visible (then no stat goes with each PUSH).
 _ERRORS = {   # the queues' error codes -> qlite's texts
@@ -82,7 +82,7 @@ _ERRORS = {   # the queues' error codes -> qlite's texts
 }
 
 
-def _seats_of(hub: "Hub") -> dict[str, int]:
+def _seats_of(hub: Hub) -> dict[str, int]:
     seats = _seats.get(hub)
     if seats is None:
         seats = _seats[hub] = {_HANDSHAKE: 0, codec.PUBLISHER: 0, codec.SUBSCRIBER: 0}
@@ -101,11 +101,11 @@ def _bcrypt_pool() -> ThreadPoolExecutor:
     return _pool
 
 
-def _check(session: "QliteSession", secret: bytes, challenge: bytes, hashed: bytes) -> bool:
+def _check(session: QliteSession, secret: bytes, challenge: bytes, hashed: bytes) -> bool:
     """On a pool thread: whether ``hashed`` is bcrypt(secret ‖ challenge)."""
     if session.closed:  # its handshake deadline passed while this waited for a thread: save the CPU
         return False
-    import bcrypt   # here: a worker boots without it while qlite is off
+    import bcrypt  # here: a worker boots without it while qlite is off
 
     try:
         return bcrypt.checkpw(codec.bcrypt_input(secret, challenge), codec.normalized_hash(hashed))
@@ -121,7 +121,7 @@ def _error(result: dict) -> str:
 class QliteSession(Connection):
     protocol = PROTOCOL
 
-    def __init__(self, hub: "Hub", cid: int) -> None:
+    def __init__(self, hub: Hub, cid: int) -> None:
         super().__init__(hub, cid)
         cfg = hub.config.qlite
         self._cfg = cfg
@@ -217,7 +217,7 @@ class QliteSession(Connection):
                   self._cfg.io_timeout)
         self.close()   # as the original: without a word
 
-    def execute(self, item: "bytes | codec.FrameTooLong") -> None:
+    def execute(self, item: bytes | codec.FrameTooLong) -> None:
         if isinstance(item, codec.FrameTooLong):
             # Past 10 MiB, the original's answer; a first frame past the handshake's limit cannot be a login.
             self.hub.breach("max_payload")
@@ -260,7 +260,7 @@ class QliteSession(Connection):
         self.suspend()   # what the client sent after its login waits for the answer
         asyncio.ensure_future(self._verify(role, user, secret, hashed))
 
-    async def _verify(self, role: str, user: "User | None", secret: str | None, hashed: bytes) -> None:
+    async def _verify(self, role: str, user: User | None, secret: str | None, hashed: bytes) -> None:
         # No user or no secret: a check of the same cost against a random secret, so the answer's time and text
         # say nothing about which names exist.
         key = secret.encode() if secret is not None else os.urandom(24)
@@ -301,7 +301,7 @@ class QliteSession(Connection):
             self._handshake_timer = None
         self._reply(codec.ok())
 
-    def _may(self, role: str, user: "User") -> bool:
+    def _may(self, role: str, user: User) -> bool:
         """With security on, the role's permission on the queue (checked at login and at every request, so a
         permission taken away ends the session at its next request)."""
         if not self.hub.auth.enabled:
