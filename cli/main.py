@@ -10,18 +10,9 @@ import click
 
 # Each command imports what it needs: `start` is on the broker's start-up path, and the client (asyncio), orjson
 # and the password prompts are not.  (scripts/measure/startup_time.py measures it; see docs/performance-notes.md.)
-from shardbroker.cli.connect import (
-    admin_connection_options,
-    given,
-    parse_data,
-    shared_option,
-)
-from shardbroker.cli.connect import (
-    connect as _connect,
-)
-from shardbroker.cli.connect import (
-    connection_options as _connection_options,
-)
+from shardbroker.cli.connect import admin_connection_options, given, parse_data, shared_option
+from shardbroker.cli.connect import connect as _connect
+from shardbroker.cli.connect import connection_options as _connection_options
 from shardbroker.cli.loadtest.command import loadtest
 from shardbroker.cli.queue_cmd import queue
 from shardbroker.cli.top import top  # click only: textual is imported when `top` runs its console

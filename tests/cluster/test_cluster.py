@@ -11,6 +11,7 @@ import nats
 import pytest
 
 from shardbroker.cli.client import AsyncClient
+
 from support.harness import Raw, pid_alive
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from shardbroker.cluster import config as cfgmod
 from shardbroker.cluster.config.paths import directory_keys
+
 from support.harness import REPO
 
 
@@ -116,7 +117,8 @@ def test_publish_ch_star_stops_the_start_with_exit_2(tmp_path):
 # -- the configuration and users modules ------------------------------------------------------------------------
 
 def test_config_does_not_import_the_user_registry():
-    """cluster.security.users builds on cluster.config, never the other way round (no import cycle, even a deferred one)."""
+    """cluster.security.users builds on cluster.config, never the other way round (no import cycle, even a deferred
+    one)."""
     code = ("import sys, shardbroker.cluster.config as c; c.load(None, {'security.users': "
             "[{'username': 'u', 'password': 'p', 'permissions': ['admin']}]}); "
             "assert 'shardbroker.cluster.security.users' not in sys.modules, 'config imported users'; "

@@ -19,6 +19,7 @@ def check(result: dict) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive   # a replacement within a second
 def test_kill9_of_a_worker_under_load_others_lose_nothing_and_it_is_back_within_a_second():
     result = faults.kill9(kills=3, per_broker=3, rate=300)
     check(result)
@@ -36,6 +37,7 @@ def test_the_supervisor_killed_leaves_no_orphan():
     check(faults.supervisor(connections=50))
 
 
+@pytest.mark.exclusive   # the supervisor's share of a CPU
 def test_out_of_file_descriptors_accepts_pause_without_a_busy_loop():
     result = faults.fds(waiting=10, seconds=2.0)
     check(result)

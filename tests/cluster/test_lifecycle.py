@@ -306,6 +306,7 @@ def test_brokerctl_pub_and_sub(broker):
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive   # its Ctrl-Cs are timed against an idle machine's start-up
 def test_ctrl_c_at_any_moment_of_a_start_is_a_clean_stop_with_exit_0(tmp_path):
     """T3, M4: a Ctrl-C in the first ~0.4 s of `brokerctl start` printed the workers' KeyboardInterrupt
     tracebacks and exited 1, 3 ("a worker failed to boot") or 0, depending on the moment.  A terminal's Ctrl-C

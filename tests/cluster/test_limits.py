@@ -10,9 +10,11 @@ import socket
 import time
 import urllib.request
 
+import pytest
+from test_nats import NatsRaw
 
 from support.harness import Raw
-from test_nats import NatsRaw
+
 
 def breaches(broker) -> dict:
     return broker.varz()["breaches"]
@@ -70,6 +72,7 @@ def test_max_subscriptions_in_every_protocol_and_counted(start_broker):
 
 
 # -- max_connections_per_address ---------------------------------------------------------------------------
+@pytest.mark.exclusive   # a reply within 0.5 s of a close
 def test_max_connections_per_address_over_all_workers(start_broker):
     b = start_broker(workers=2, config={"limits": {"max_connections_per_address": 2}})
     one, two = Raw(b.port), Raw(b.port)

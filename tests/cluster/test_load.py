@@ -9,6 +9,7 @@ import time
 import pytest
 
 from shardbroker.cli.client import AsyncClient
+
 from support.harness import Raw
 
 

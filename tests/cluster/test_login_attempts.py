@@ -15,9 +15,12 @@ import socket
 import statistics
 import time
 
-from shardbroker.cluster.config import passwords
-from support.harness import Raw
+import pytest
 from test_security import ADMIN, auth, secure_config
+
+from shardbroker.cluster.config import passwords
+
+from support.harness import Raw
 
 
 def _login(port: int, user: str, password: str, source: str = "127.0.0.1") -> tuple[dict, float]:
@@ -37,6 +40,7 @@ def _login(port: int, user: str, password: str, source: str = "127.0.0.1") -> tu
         s.close()
 
 
+@pytest.mark.exclusive   # a login's time during a storm against one alone
 def test_guesses_sent_at_once_are_counted_as_they_start(start_broker):
     broker = start_broker(workers=2, config=secure_config(iterations=100_000, failures_per_address=20,
                                                           block_duration=60))
@@ -65,6 +69,7 @@ def _medians(port: int, users: list[str], rounds: int = 5) -> dict[str, float]:
     return {u: statistics.median(t) for u, t in times.items()}
 
 
+@pytest.mark.exclusive   # compares the time of logins: another test beside it makes them noisy
 def test_unknown_and_known_users_cost_the_same_whatever_cost_their_hashes_were_made_at(start_broker, tmp_path):
     alice_hash = passwords.hash_password("alice-pw", 300_000)   # as brokerctl hash-password makes (at 600,000)
     config = secure_config(iterations=20_000, failures_per_address=1000)

@@ -10,11 +10,12 @@ import sys
 import time
 
 import pytest
+from test_cluster import close_spread, spread
 
 from shardbroker.cli.client import AsyncClient, BrokerError
 from shardbroker.cluster.config import passwords
+
 from support.harness import REPO, Raw
-from test_cluster import close_spread, spread
 
 
 def secure_config(**security) -> dict:
@@ -328,6 +329,7 @@ def test_unauthenticated_connections_time_out(start_broker):
         assert ok.request({"op": "ping"}) == {"ok": True}
 
 
+@pytest.mark.exclusive   # compares the time of logins
 def test_unknown_user_and_wrong_password_take_the_same_time(start_broker):
     b = start_broker(workers=1, config=secure_config(iterations=200_000))
     timings = {"unknown": [], "wrong": []}
@@ -342,6 +344,7 @@ def test_unknown_user_and_wrong_password_take_the_same_time(start_broker):
     assert min(timings["unknown"]) > 0.01, "an unknown user must cost a real hash"
 
 
+@pytest.mark.exclusive   # seconds of CPU in 50 logins that must end before auth_timeout
 def test_deliveries_keep_flowing_while_fifty_clients_authenticate(start_broker):
     # One worker; 600,000 iterations: the 50 checks take seconds of CPU, none of it on the event loop.
     b = start_broker(workers=1, config=secure_config(iterations=600_000))

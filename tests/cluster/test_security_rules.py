@@ -2,10 +2,10 @@
 the admin protocol, and a NATS CONNECT with an nkey or a JWT is refused whatever else it carries."""
 
 import pytest
-
-from support.harness import Raw
 from test_nats import NatsRaw
 from test_security import ADMIN, auth, secure_config
+
+from support.harness import Raw
 
 LOOKALIKES = ["publish:ch*", "subscribe:chat.room*", "publish:a.*b", "subscribe:x.>y"]
 

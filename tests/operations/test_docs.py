@@ -15,6 +15,7 @@ import time
 import pytest
 
 from shardbroker.cluster import config as cfgmod
+
 from support.harness import REPO, Broker, Raw
 
 README = (REPO / "README.md").read_text()

@@ -11,6 +11,7 @@ import time
 
 from shardbroker.cluster.floods import FloodFilter
 from shardbroker.cluster.logs import JournalFormatter, JsonFormatter, priority
+
 from support.harness import Broker, Raw
 
 

@@ -5,9 +5,9 @@ import shutil
 import subprocess
 
 import pytest
+from test_metrics import scrape
 
 from support.harness import REPO, Raw
-from test_metrics import scrape
 
 PROMTOOL = shutil.which("promtool")
 pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (scripts/dev/install-test-deps)")

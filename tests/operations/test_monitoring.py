@@ -77,8 +77,8 @@ def test_monitoring_stays_on_loopback_when_the_client_listeners_do_not(start_bro
 
 
 def test_a_monitoring_port_beyond_loopback_without_client_certificates_is_warned_about():
-    from shardbroker.cluster.security import tls
     from shardbroker.cluster.config import load
+    from shardbroker.cluster.security import tls
 
     for bind, warned in (("127.0.0.1", False), ("::1", False), ("0.0.0.0", True), ("192.0.2.7", True)):
         said = tls.warnings(load(None, {"monitoring.bind": bind}), {})

@@ -22,6 +22,7 @@ import pytest
 
 from shardbroker.cluster.supervisor.service_status import ServiceStatus
 from shardbroker.cluster.supervisor.systemd import Notifier
+
 from support.harness import REPO, Raw, pid_alive
 from support.systemd_fakes import NotifyReceiver
 

@@ -100,7 +100,7 @@ def sandboxed(tmp_path):
         pytest.skip("needs libseccomp")
 
     def prefix(unit=UNIT) -> list[str]:
-        return [sys.executable, str(REPO / "tests" / "sandbox_exec.py"), str(unit), "--"]
+        return [sys.executable, str(REPO / "tests" / "support" / "sandbox_exec.py"), str(unit), "--"]
     return prefix
 
 

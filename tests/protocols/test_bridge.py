@@ -6,11 +6,12 @@ import time
 
 import nats
 import pytest
+from test_security import secure_config
 
 from shardbroker.cli.client import AsyncClient
-from support.harness import Raw
-from test_security import secure_config
 from shardbroker.workers.protocols.bridge import codec as bridge_codec
+
+from support.harness import Raw
 
 
 @pytest.fixture

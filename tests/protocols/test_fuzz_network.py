@@ -126,7 +126,7 @@ def test_mutated_frames_kill_no_worker_and_a_good_client_gets_everything(start_b
         t.start()
     rng = random.Random(SEED)
     jobs = []
-    for i in range(INPUTS):
+    for _ in range(INPUTS):
         proto = rng.choice(sorted(CORPUS))
         data = mutate(rng, rng.choice(CORPUS[proto]))
         jobs.append((ports[proto], data, random.Random(rng.random())))

@@ -5,9 +5,10 @@ permission checks of security on, and a PONG that waits for a subscription to be
 
 import orjson
 
-from support.inprocess import SERVER_INFO, Broker, run, turns, until
 from shardbroker.workers.protocols.nats.session import NatsSession
 from shardbroker.workers.protocols.ndjson.session import NdjsonSession
+
+from support.inprocess import SERVER_INFO, Broker, run, turns, until
 
 HDR = b"NATS/1.0\r\nA: b\r\n\r\n"   # 18 bytes
 

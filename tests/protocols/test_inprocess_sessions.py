@@ -1,13 +1,15 @@
-"""Baseline of the NDJSON and Bridge sessions, in process (tests/support/inprocess.py): transcripts of what a client sends
+"""Baseline of the NDJSON and Bridge sessions, in process (tests/support/inprocess.py): transcripts of what a client
+sends
 and the exact bytes it gets back, through ``connection_made``/``data_received``/``eof_received`` only, and the
 permission checks of security on.  NATS: test_inprocess_nats.py; qlite and work queues: test_inprocess_queues.py."""
 
 import orjson
 
-from support.inprocess import Broker, run, turns, until
 from shardbroker.workers.protocols.bridge.session import BridgeSession
 from shardbroker.workers.protocols.nats.session import NatsSession
 from shardbroker.workers.protocols.ndjson.session import NdjsonSession
+
+from support.inprocess import Broker, run, turns, until
 
 OK = b'{"ok":true}\n'
 USERS = {"security": {"enabled": True, "iterations": 1000,

@@ -8,11 +8,13 @@ import time
 
 import nats
 import pytest
-from nats.errors import NoRespondersError, TimeoutError as NatsTimeout
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+from test_security import ADMIN, secure_config
 
 from shardbroker.cli.client import AsyncClient
+
 from support.harness import Raw
-from test_security import ADMIN, secure_config
 
 
 @pytest.fixture

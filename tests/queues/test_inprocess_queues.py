@@ -1,4 +1,5 @@
-"""Baseline of the work-queue protocols, in process (tests/support/inprocess.py), on a worker whose queue service is built
+"""Baseline of the work-queue protocols, in process (tests/support/inprocess.py), on a worker whose queue service is
+built
 as ``workers.process`` builds it (``workqueues.start``, journal in the test's directory): qlite's handshake and
 requests byte for byte, NDJSON's ``qpush``/``qrecv``/``qack``, NATS' ``$Q.`` subjects, and the queue permissions."""
 
@@ -7,11 +8,12 @@ import struct
 
 import bcrypt
 
-from support.inprocess import Broker, run, turns
 from shardbroker.workers.protocols.nats.session import NatsSession
 from shardbroker.workers.protocols.ndjson.session import NdjsonSession
 from shardbroker.workers.protocols.qlite import codec
 from shardbroker.workers.protocols.qlite.session import QliteSession
+
+from support.inprocess import Broker, run, turns
 
 SECRETS = {"pub": "pub secret!", "sub": "sub secret!", "pub2": "pub2 secret!"}
 QLITE = {"qlite": {"enabled": True, "queue": "jobs"},

@@ -17,8 +17,9 @@ import bcrypt
 import pytest
 
 from shardbroker.cluster.config import ConfigError, load
-from support.harness import Raw
 from shardbroker.workers.protocols.qlite import codec
+
+from support.harness import Raw
 
 QUEUE = "qlite"
 SECRETS = {"pub": "pub-secret", "pub2": "pub2-secret", "sub": "sub-secret", "sub2": "sub2-secret"}
@@ -339,6 +340,7 @@ def test_login_pass_and_failures(start_broker):
             assert conn.closed()
 
 
+@pytest.mark.exclusive   # refused within 0.5 s
 def test_expensive_or_foreign_hashes_are_refused_without_bcrypt(start_broker):
     b = start_broker(workers=1, config=qconfig())
     tail = bcrypt.hashpw(b"x", bcrypt.gensalt(4))[7:]

@@ -7,9 +7,11 @@ import json
 import os
 import signal
 
-from shardbroker.cli.client import AsyncClient, BrokerError, QueueMessageSpec
-from support.harness import on_worker
 from test_queues import cross, owned_by, push, recv, req, stat, wait_for
+
+from shardbroker.cli.client import AsyncClient, BrokerError, QueueMessageSpec
+
+from support.harness import on_worker
 
 
 def pushm(conn, queue, messages, **fields) -> dict:
@@ -251,6 +253,7 @@ def test_tiny_bench_with_batch_producers(tmp_path):
     import sys
 
     from shardbroker.cli.bench.servers import find_binary
+
     from support.harness import REPO
 
     peers = ["redis"] if find_binary("redis-server") else []

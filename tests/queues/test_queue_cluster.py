@@ -1,4 +1,5 @@
-"""Work queues across the cluster: a kill -9 of the worker that owns them loses nothing acknowledged (every push that got
+"""Work queues across the cluster: a kill -9 of the worker that owns them loses nothing acknowledged (every push that
+got
 the end, leases held across the crash can still be acked, and nobody is answered twice or not at all."""
 
 import asyncio

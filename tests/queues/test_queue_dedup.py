@@ -11,9 +11,9 @@ import time
 import urllib.request
 
 import nats
+from test_queues import owned_by, push, recv, req, stat, wait_for
 
 from support.harness import Raw, on_worker
-from test_queues import owned_by, push, recv, req, stat, wait_for
 
 NO_MOVES = {"queues": {"move_connections": False}}
 
@@ -162,8 +162,9 @@ def test_dedup_ids_outlive_a_kill_9_and_the_compaction_after_it(start_broker):
 
 
 def test_the_client_and_brokerctl_send_dedup_ids(start_broker):
-    from shardbroker.cli.client import AsyncClient
     from test_queue_cli import brokerctl
+
+    from shardbroker.cli.client import AsyncClient
 
     broker = start_broker(workers=2)
 

@@ -93,8 +93,8 @@ def test_one_table_of_queue_operations_is_what_every_protocol_spells():
     verbs are its spellings, and every qlite command runs one of its operations."""
     from shardbroker.workers.protocols.nats import queue_verbs as nats_ops
     from shardbroker.workers.protocols.ndjson import queue_verbs as ndjson_ops
-    from shardbroker.workers.workqueues import operations, shard
     from shardbroker.workers.protocols.qlite import session as qlite
+    from shardbroker.workers.workqueues import operations, shard
 
     rows = operations.OPERATIONS
     assert set(shard._OPS) == {op.name for op in rows}

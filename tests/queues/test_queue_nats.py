@@ -9,9 +9,9 @@ import socket
 
 import nats
 import pytest
+from test_security import secure_config
 
 from support.harness import NatsFrames, nats_ready, on_worker
-from test_security import secure_config
 
 
 def url(broker) -> str:

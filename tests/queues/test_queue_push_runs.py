@@ -1,6 +1,7 @@
 """Runs of single pushes in their canonical form (``{"op":"qpush","queue":Q,"data":D}``, as our client and
 orjson write them) are recognised by the NDJSON reader (``speedups.ndjson_runs``) and gathered without parsing
-each line (``protocols.ndjson.queue_verbs.push_run``): each push still gets its own reply, in order, and anything the fast path
+each line (``protocols.ndjson.queue_verbs.push_run``): each push still gets its own reply, in order, and anything the
+fast path
 does not take (data that is not JSON, a line that only looks canonical, a permission to check) is answered as
 it always was.  A batch push in the canonical form (``{"op":"qpush","queue":Q,"messages":[{"data":D},...]}``)
 travels as its data's text (``speedups.qpush_batch``), checked as any batch is."""
@@ -11,9 +12,9 @@ import json
 import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_queues import owned_by, recv, stat
 
 from support.harness import Raw, on_worker
-from test_queues import owned_by, recv, stat
 
 
 def compact(obj) -> bytes:

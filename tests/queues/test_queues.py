@@ -9,6 +9,7 @@ import os
 import time
 import zlib
 
+import pytest
 
 from support.harness import Raw, on_worker
 
@@ -324,6 +325,7 @@ def test_batch_ack_mixed(start_broker):
 
 # -- long polls --------------------------------------------------------------------------------------------------
 
+@pytest.mark.exclusive   # a reply within 0.5 s of the push
 def test_long_poll_returns_on_push_from_another_worker(start_broker):
     b = start_broker(workers=2)
     waiter = on_worker(b.port, 0)

@@ -7,13 +7,14 @@ import asyncio
 import json
 
 import nats
+from test_qlite import SECRETS, Q, answer, qport
 
-from support.harness import Raw, on_worker
+from shardbroker.workers.protocols.qlite import codec
 from shardbroker.workers.workqueues.journal import Journal
 from shardbroker.workers.workqueues.rules import Settings
 from shardbroker.workers.workqueues.shard import Shard
-from test_qlite import Q, SECRETS, answer, qport
-from shardbroker.workers.protocols.qlite import codec
+
+from support.harness import Raw, on_worker
 
 PERMS = ["publish:jobs", "subscribe:jobs", "subscribe:_INBOX.>"]
 CONFIG = {

@@ -17,16 +17,16 @@ import signal
 import subprocess
 import sys
 import urllib.request
-from pathlib import Path
 
 import pytest
 
-from support.harness import REPO, Broker, free_space, on_worker, small_disk
 from shardbroker.workers.workqueues.journal import Journal
 from shardbroker.workers.workqueues.messages import D_RECEIPT
 from shardbroker.workers.workqueues.rules import Settings
 from shardbroker.workers.workqueues.shard import Shard
 from shardbroker.workers.workqueues.shard_commit import JOURNAL_UNAVAILABLE
+
+from support.harness import REPO, Broker, free_space, on_worker, small_disk
 
 REFUSED = {"ok": False, "error": JOURNAL_UNAVAILABLE, "retry": True}
 HAVE_DEV_FULL = os.path.exists("/dev/full")

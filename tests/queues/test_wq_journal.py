@@ -12,7 +12,8 @@ import zlib
 
 import pytest
 
-from shardbroker.workers.workqueues import journal as jmod, journal_codec, journal_disk
+from shardbroker.workers.workqueues import journal as jmod
+from shardbroker.workers.workqueues import journal_codec, journal_disk
 from shardbroker.workers.workqueues.journal import Journal
 from shardbroker.workers.workqueues.messages import D_ID, D_RECEIPT, DATA, MS, SEQ
 from shardbroker.workers.workqueues.rules import Settings

@@ -8,16 +8,16 @@ import gc
 
 import pytest
 
+from shardbroker.workers.message import KIND_JSON
 from shardbroker.workers.workqueues import history, model, queue_leases, shard_timer
 from shardbroker.workers.workqueues.journal import Journal
-from shardbroker.workers.message import KIND_JSON
 from shardbroker.workers.workqueues.messages import D_RECEIPT, MS
 from shardbroker.workers.workqueues.model import Queue
 from shardbroker.workers.workqueues.rules import Settings
 from shardbroker.workers.workqueues.shard import Shard
 
 
-def _queue(settings: Settings = Settings()) -> Queue:
+def _queue(settings: Settings = Settings()) -> Queue:  # noqa: B008 (a frozen dataclass)
     return Queue("jobs", settings, lambda when, q: None, lambda name, record: None)
 
 
@@ -158,7 +158,7 @@ def test_the_history_keeps_added_batches_as_entries_in_their_order():
 def test_a_batch_of_acks_with_a_repeat_in_it_answers_it_already_acked():
     q = _queue()
     now = 1_000 * MS
-    for i in range(3):
+    for _ in range(3):
         q.push(0, b"x", 4, now, now, 0)
     receipts = [d[D_RECEIPT] for d in q.lease(now, 3, 30_000, None)]
     results = q.ack_many([receipts[0], receipts[1], receipts[0], receipts[2], receipts[1]], now)
@@ -172,7 +172,7 @@ def test_a_lease_lost_to_its_deadline_leaves_the_acks_history_as_it_was_kept():
     which sets a fate of its own, does not make them (that would turn the acks' saved work into pauses)."""
     q = _queue()
     now = 1_000 * MS
-    for i in range(3):
+    for _ in range(3):
         q.push(0, b"x", 4, now, now, 0)
     acked = [d[D_RECEIPT] for d in q.lease(now, 2, 30_000, None)]
     q.ack_many(acked, now)
@@ -191,7 +191,7 @@ def test_a_growing_queue_stays_out_of_the_collectors_passes():
     one tracked tuple would make the collector track the whole dict again) and the FIFO holds runs, not numbers."""
     q = _queue()
     now = 1_000 * MS
-    for i in range(1000):
+    for _ in range(1000):
         q.push(KIND_JSON, b"1", 4, now, 5, 0)
     q.push_data(KIND_JSON, [b"2"] * 500, 4, 0, now, 5)
     q.push_many([(KIND_JSON, b"3", 4, 0)] * 500, now, 5)
@@ -210,7 +210,7 @@ def test_served_long_polls_leave_the_due_heap():
     async def body():
         s = Shard(0, Settings(), Journal(None), lambda: None, 256)
         box: list = []
-        for i in range(20_000):
+        for _ in range(20_000):
             s.handle("recv", {"queue": "jobs", "max": 1, "wait_ms": 300_000}, (0, 1), box.append)
             s.handle("push", {"queue": "jobs", "data": b"x"}, (0, 2), box.append)
             s.commit()

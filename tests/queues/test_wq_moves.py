@@ -1,5 +1,6 @@
 """A connection whose first work-queue request is for a queue another worker owns moves to that owner
-(workers/protocols/ndjson/moves.py): the client sees one ordered stream of replies, keeps its identity and permissions, and the
+(workers/protocols/ndjson/moves.py): the client sees one ordered stream of replies, keeps its identity and permissions,
+and the
 supervisor's counts follow it.  Connections that hold something on their worker stay."""
 
 import os

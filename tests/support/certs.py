@@ -26,7 +26,7 @@ _ATTRIBUTES = {"CN": NameOID.COMMON_NAME, "O": NameOID.ORGANIZATION_NAME, "OU": 
 
 
 def _now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.timezone.utc)
+    return datetime.datetime.now(datetime.UTC)
 
 
 def name(*rdns: tuple[str, str]) -> x509.Name:

@@ -21,12 +21,13 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 
-from shardbroker.cluster.security import users
 from shardbroker.cluster.config import Config, load
+from shardbroker.cluster.security import users
 from shardbroker.router.fabric import Fabric
 from shardbroker.workers.auth import Authenticator
 from shardbroker.workers.hub import Hub
@@ -258,7 +259,7 @@ class Broker:
         self.refuse_claims = False
 
     @classmethod
-    async def start(cls, runtime_dir, doc: dict | None = None, workers: int = 1, queues: bool = False) -> "Broker":
+    async def start(cls, runtime_dir, doc: dict | None = None, workers: int = 1, queues: bool = False) -> Broker:
         os.makedirs(runtime_dir, exist_ok=True)
         broker = cls(make_config(doc), str(runtime_dir), workers, queues)
         await broker._boot()
@@ -330,7 +331,7 @@ class Broker:
         for auth in self.auths:
             auth.close()
 
-    async def __aenter__(self) -> "Broker":
+    async def __aenter__(self) -> Broker:
         return self
 
     async def __aexit__(self, *exc) -> None:

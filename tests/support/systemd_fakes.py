@@ -33,7 +33,7 @@ class NotifyReceiver:
         while not self._closed:
             try:
                 data = self.sock.recv(65536)
-            except (socket.timeout, OSError):
+            except (TimeoutError, OSError):
                 continue
             fields = dict(line.split("=", 1) for line in data.decode().split("\n") if "=" in line)
             with self._lock:

@@ -7,8 +7,10 @@ import sys
 import uuid
 
 import psutil
+import pytest
 
 from shardbroker.cli.bench.servers import find_binary
+
 from support.harness import REPO
 
 
@@ -141,6 +143,7 @@ class _CountingSocket:
         return getattr(self._sock, name)
 
 
+@pytest.mark.exclusive   # a publisher paced at 1 ms ticks
 def test_a_paced_publisher_writes_once_a_tick_whatever_answers_its_publishes(start_broker):
     """The latency scenario's publisher sends what is due on a 1 ms grid.  NDJSON answers each publish with an
     ``ok``, which wakes the generator's loop: it used to send at each wake, one message per write (20,000 writes a

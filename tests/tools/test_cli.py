@@ -8,10 +8,11 @@ import subprocess
 import sys
 
 import pytest
+from test_security import ADMIN, auth, secure_config
 
 from shardbroker.cluster import VERSION
+
 from support.harness import REPO, Raw
-from test_security import ADMIN, auth, secure_config
 
 
 def brokerctl(*args, stdin: str = "", env: dict | None = None) -> subprocess.CompletedProcess:

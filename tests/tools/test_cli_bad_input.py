@@ -9,10 +9,11 @@ import sys
 
 import click
 import pytest
+from test_cli import free_port
 
 from shardbroker.cli.main import cli
+
 from support.harness import REPO
-from test_cli import free_port
 
 NOT_UTF8 = os.fsdecode(b"\xff\xfe")
 
@@ -57,7 +58,7 @@ def test_no_command_prints_a_traceback_for_bad_input():
     with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(lambda job: (job, _run(*job[1])), jobs))
     bad = []
-    for (path, (args, _, _)), res in results:
+    for (_path, (args, _, _)), res in results:
         err = res.stderr.decode("utf-8", "replace")
         if "Traceback" in err or res.returncode not in (0, 1, 2) or (res.returncode and not err.strip()):
             bad.append((ascii(args), res.returncode, err[-400:]))

@@ -13,10 +13,11 @@ import threading
 
 import orjson
 import pytest
-from support.harness import REPO, NatsFrames
 
 from shardbroker.cli.bench import wire as bench_wire
 from shardbroker.cli.wire import nats, ndjson, resp
+
+from support.harness import REPO, NatsFrames
 
 
 def splits(data: bytes):
@@ -116,8 +117,8 @@ def test_ndjson_replies_and_deliveries():
 
 def test_ndjson_prefixes_are_how_the_broker_starts_replies_and_deliveries():
     from shardbroker.workers import delivery
-    from shardbroker.workers.protocols.ndjson import codec as ndjson_codec
     from shardbroker.workers.message import KIND_JSON
+    from shardbroker.workers.protocols.ndjson import codec as ndjson_codec
     for line in (ndjson_codec.OK, ndjson_codec.reply({"id": 1}), ndjson_codec.reply_with({}, {"info": {}})):
         assert line.startswith(ndjson.OK) and line.startswith(ndjson.REPLY)
     for line in (ndjson_codec.error("bad"), ndjson_codec.reply({}, "bad")):

@@ -19,6 +19,7 @@ from shardbroker.cli.bench import servers
 from shardbroker.cli.loadtest import job, plan, scenario
 from shardbroker.cli.loadtest.accounting import GroupMember, OrderedTracker, merge_group
 from shardbroker.cli.loadtest.schedule import Schedule
+
 from support.harness import REPO, Raw
 
 pytestmark = pytest.mark.slow
@@ -70,6 +71,7 @@ reordered = "== 0"
 """
 
 
+@pytest.mark.exclusive   # all 40 clock probes answered before their deadline
 def test_clean_run_counts_every_message_exactly_and_writes_every_output(spark, broker, tmp_path):
     sc = scenario_of(MIXED)
     out = str(tmp_path / "run")
@@ -197,12 +199,8 @@ wait = "500ms"
     from shardbroker.cli.bench.qload import owner
 
     victim_index = owner(queue, 2)
-    pids = {}
-    for _ in range(20):     # find the owner's pid: connections land on workers in turn
-        with Raw(broker.port) as probe:
-            info = probe.request({"op": "info"})["info"]
-            pids[info["worker"]] = info["pid"]
-    victim = pids[victim_index]
+    # the owner's pid (closed one by one, probes need not land on every worker: the acceptor balances by load)
+    victim = next(w["pid"] for w in broker.varz()["workers"] if w["worker"] == victim_index)
 
     def kill_later():
         # Once a third of the pushes went in (mid-run, whatever Spark's start took), kill the queue's owner.
@@ -262,6 +260,7 @@ def _cli(*args, timeout=180):
                           timeout=timeout, cwd=REPO)
 
 
+@pytest.mark.spark   # brokerctl loadtest: a JVM of its own
 def test_thresholds_set_the_exit_code(broker, tmp_path):
     path = tmp_path / "s.toml"
     path.write_text("""
@@ -439,6 +438,7 @@ def test_scenario_examples_in_deploy_parse():
         scenario.load(str(f))
 
 
+@pytest.mark.spark   # brokerctl loadtest: a JVM of its own
 def test_too_few_spark_slots_is_one_clear_line(broker, tmp_path):
     path = tmp_path / "s.toml"
     path.write_text('[[workload]]\nprotocol = "ndjson"\n')    # a publisher task and a subscriber task
@@ -449,6 +449,7 @@ def test_too_few_spark_slots_is_one_clear_line(broker, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.spark   # brokerctl loadtest: a JVM of its own
 def test_ctrl_c_during_the_measurement_is_one_line_and_exit_130(broker, tmp_path):
     """T12: Ctrl-C during the measure phase printed four py4j/KeyboardInterrupt tracebacks and the executors'
     errors.  Now the job is cancelled, the run says so in one line, and everything it started is stopped."""

@@ -30,7 +30,7 @@ class Run:
         rng = random.Random(seed)
         self.truth: dict[tuple, HdrHistogram] = {}  # (workload|"total", metric, interval|"measure") -> histogram
         self.runs = [{
-            "run_id": f"r{seed}", "name": name, "started_at": dt.datetime(2024, 5, 1, 12, 0, tzinfo=dt.timezone.utc),
+            "run_id": f"r{seed}", "name": name, "started_at": dt.datetime(2024, 5, 1, 12, 0, tzinfo=dt.UTC),
             "scenario_text": "[thresholds]\nlost = \"== 0\"\n", "scenario_sha256": "ab" * 32, "seed": seed,
             "protocols": ["ndjson"], "broker_urls": {"ndjson": "tcp://127.0.0.1:8080"}, "broker_version": "0.1.0",
             "brokerctl_version": "0.1.0", "git_sha": "deadbeef", "spark_master": "local[1]", "spark_version": "4.3.0",

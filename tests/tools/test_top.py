@@ -19,8 +19,8 @@ import time
 import pytest
 
 from shardbroker.cli.top import endpoint, formatting, model, views
-from support.harness import REPO, Broker, Raw
 
+from support.harness import REPO, Broker, Raw
 
 # -- the computations, on canned answers ----------------------------------------------------------------------
 
@@ -182,7 +182,7 @@ class Traffic:
             try:
                 if not raw.sock.recv(65536):
                     return
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return

@@ -5,6 +5,7 @@ import socket
 import time
 
 from shardbroker.cluster.monitoring import connz
+
 from support.harness import Raw
 
 KEYS = ["cid", "start", "subs", "pending", "msgs_to", "msgs_from", "bytes_to", "bytes_from", "last", "idle",

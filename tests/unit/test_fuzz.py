@@ -30,7 +30,7 @@ def _tried(name: str) -> None:
     TRIED[name] = TRIED.get(name, 0) + 1
 
 
-def stream(pieces: list[bytes], padded: st.SearchStrategy[bytes] = st.nothing()) -> st.SearchStrategy[bytes]:
+def stream(pieces: list[bytes], padded: st.SearchStrategy[bytes] = st.nothing()) -> st.SearchStrategy[bytes]:  # noqa: B008 (a strategy, immutable)
     """Byte strings made of well-formed pieces, lines padded to lengths near the limits, and arbitrary bytes, in
     any order."""
     return st.lists(st.one_of(st.sampled_from(pieces), padded, st.binary(max_size=24)), max_size=24).map(b"".join)

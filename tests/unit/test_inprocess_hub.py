@@ -1,12 +1,14 @@
-"""Baseline of the hub's behaviour, in process (tests/support/inprocess.py): routing to every protocol's subscribers, the
+"""Baseline of the hub's behaviour, in process (tests/support/inprocess.py): routing to every protocol's subscribers,
+the
 route cache, subscriptions' bookkeeping, queue groups, and across two workers joined by the real fabric: interest
 gossip, a subscription in force everywhere before its ``ok``, publish order, a ping's reply meaning delivered,
 unsubscribe, and backpressure from slow consumers.  Driven through the sessions' entry points only."""
 
-from support.inprocess import Broker, run, turns, until
 from shardbroker.workers.protocols.bridge.session import BridgeSession
 from shardbroker.workers.protocols.nats.session import NatsSession
 from shardbroker.workers.protocols.ndjson.session import NdjsonSession
+
+from support.inprocess import Broker, run, turns, until
 
 OK = b'{"ok":true}\n'
 

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from shardbroker.workers import speedups
 from shardbroker.workers.message import KIND_JSON, KIND_RAW
-from shardbroker.workers.workqueues import core, purecore
 from shardbroker.workers.protocols.ndjson.queue_verbs import _message
+from shardbroker.workers.workqueues import core, purecore
 
 try:
     from shardbroker.workers.workqueues import _qcore as compiled

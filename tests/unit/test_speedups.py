@@ -16,10 +16,11 @@ import sys
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_fuzz import _nats
+
+from shardbroker.workers import purepath, speedups
 
 from support.harness import REPO
-from test_fuzz import _nats
-from shardbroker.workers import purepath, speedups
 
 try:
     from shardbroker.workers import _speedups as compiled

@@ -12,8 +12,8 @@ from shardbroker.router.shardmap import owner
 from shardbroker.router.subjects import covers, is_valid_literal, is_valid_pattern
 from shardbroker.router.sublist import Sublist
 from shardbroker.workers import delivery
-from shardbroker.workers.protocols.ndjson import codec
 from shardbroker.workers.message import KIND_JSON, KIND_RAW
+from shardbroker.workers.protocols.ndjson import codec
 
 
 @pytest.mark.parametrize("subject,pattern_ok,literal_ok", [
