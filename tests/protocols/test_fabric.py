@@ -5,6 +5,7 @@ import os
 import signal
 import time
 
+import pytest
 from test_cluster import close_spread, spread
 
 BIG = 1 << 30  # a pending bound no reader in these tests can reach: they are about the fabric, not slow readers
@@ -33,6 +34,7 @@ def test_small_window_stalls_publishers_and_loses_nothing(start_broker):
     assert varz["fabric_lost_messages"] == 0 and varz["fabric_dropped_messages"] == 0
 
 
+@pytest.mark.exclusive   # a worker stopped for less than its heartbeat timeout, which a loaded machine stretches
 def test_frozen_worker_does_not_hold_up_the_others_and_its_losses_are_counted(start_broker):
     b = start_broker(workers=2, config={"fabric": {"window_bytes": 65536, "stall_timeout": 0.5},
                                         "limits": {"max_pending_bytes": BIG}})

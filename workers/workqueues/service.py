@@ -112,7 +112,6 @@ class QueueService:
         hub.handle(control.WORK_QUEUE_KINDS, self.on_control)
         hub.attach(self)
         hub.serve(API, self._api)
-        self.api_unspoken = 0   # publishes to $Q.… from a protocol that does not speak the API there
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
         self._used: dict[int, set[int]] = {}     # cid -> owners its requests went to
@@ -243,10 +242,8 @@ class QueueService:
         of the publisher's protocol, if it has one there (NATS: ``workers/protocols/nats/queue_verbs.py``).
         NDJSON, Bridge and qlite have queue operations of their own: what they publish there reaches nobody."""
         speak = getattr(origin, "queue_api", None)
-        if speak is None:
-            self.api_unspoken += 1
-            return
-        speak(subject_b, reply, headers, as_bytes(kind, payload))
+        if speak is not None:
+            speak(subject_b, reply, headers, as_bytes(kind, payload))
 
     # -- turn and tick --------------------------------------------------------------------------------------
     def _commit(self) -> None:
