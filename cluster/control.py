@@ -58,8 +58,7 @@ class Reassembler:
 
 def decode_all(datagrams: list[tuple[bytes, list[int]]]) -> list[tuple[dict, list[int]]]:
     """Datagrams read back from a dead worker's queue (cluster.supervisor.launch) -> its messages with their
-    descriptors.
-    A message whose first datagram the worker had read, or that does not parse, is dropped (its descriptors
+    descriptors. A message whose first datagram the worker had read, or that does not parse, is dropped (its descriptors
     closed)."""
     out = []
     reasm = Reassembler()

@@ -12,8 +12,7 @@ nothing of the supervisor's loop is inherited).  Its life:
    a loop that merely lagged says so in the log).
 3. stop (``stop`` order or SIGTERM): stop reading, send what is already queued to clients, close, exit 0 within the
    grace period.  A worker runs in a process group of its own (cluster.supervisor.launch), so a terminal's Ctrl-C
-   reaches
-   the supervisor alone, which orchestrates the shutdown; SIGINT is ignored besides (a group-wide kill of it).
+   reaches the supervisor alone, which orchestrates the shutdown; SIGINT is ignored besides (a group-wide kill of it).
 4. orphaned (the control socket reads EOF: the supervisor is gone, even by SIGKILL): close every connection the
    way the kernel closes a killed server's sockets (a FIN, so clients read EOF and reconnect quietly; a reset
    only where output is being dropped), remove the runtime directory, exit within a fraction of a second.
@@ -192,8 +191,7 @@ class Worker:
 
     def _report_closed(self, cid: int) -> None:
         """Closed connections reach the supervisor's counts (cluster.supervisor.admission) at the end of the turn they
-        closed
-        in, so that a client at its per-address limit may reconnect at once."""
+        closed in, so that a client at its per-address limit may reconnect at once."""
         if not self._closed_cids:
             asyncio.get_running_loop().call_soon(self._send_closed)
         self._closed_cids.append(cid)

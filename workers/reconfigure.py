@@ -1,6 +1,5 @@
 """A configuration reload, on a worker (the supervisor's half is cluster.supervisor.reload): the keys that may change
-at run
-time, applied to what this worker holds.
+at run time, applied to what this worker holds.
 
 The supervisor sends only configurations whose other keys are unchanged.  Limits kept per connection are updated on
 the open connections where that is safe (the pending-bytes bound, and with it the backpressure threshold); the

@@ -119,8 +119,7 @@ class SecurityManager:
 
     async def reload_users(self, config: Config) -> None:
         """A reload (cluster.supervisor.reload): the file's users replace every user, those made at run time included,
-        and
-        its settings (failure counting, no_auth_user) replace the running ones."""
+        and its settings (failure counting, no_auth_user) replace the running ones."""
         warn_if_exposed(config)
         registry = await asyncio.to_thread(users.from_config, config.security)
         self.settings = config.security

@@ -3,13 +3,11 @@
 
     .venv/bin/python scripts/measure/startup_time.py                # N = 1, 2, 4; security off and on; 10 runs each
     .venv/bin/python scripts/measure/startup_time.py --workers 2 --runs 20 --security off
-    .venv/bin/python scripts/measure/startup_time.py --nats-server          # nats-server's own start-up, for comparison
-    .venv/bin/python scripts/measure/startup_time.py --bytecode             # with compiled bytecode, as an installed
-    package
+    .venv/bin/python scripts/measure/startup_time.py --nats-server  # nats-server's own start-up, for comparison
+    .venv/bin/python scripts/measure/startup_time.py --bytecode     # with compiled bytecode, as an installed package
 
 Each run starts ``python -m shardbroker.cli start --workers N --port 0 --nats-port 0 --monitor-port 0`` in its own
-session,
-reads its stderr until the ready line (which names the monitoring port), then polls ``/varz`` until it answers
+session, reads its stderr until the ready line (which names the monitoring port), then polls ``/varz`` until it answers
 200.  Times are measured from just before the exec (``subprocess.Popen``), on ``time.perf_counter``.  The broker is
 then stopped at once (SIGQUIT), and anything left in its session is killed and reaped, so runs do not overlap.
 
@@ -199,8 +197,7 @@ def main() -> None:
         for security in [s for s in args.security.split(",") if s]:
             for n in [int(w) for w in args.workers.split(",") if w]:
                 cmd = [args.python, "-m", "shardbroker.cli", "start", "--workers", str(n), "--port", "0",
-                       "--nats-port", "0",
-                       "--monitor-port", "0"]
+                       "--nats-port", "0", "--monitor-port", "0"]
                 if security == "on":
                     cmd += ["--config", config_path]
                 one_run(cmd, env)  # warm the page cache (and the bytecode cache); not counted

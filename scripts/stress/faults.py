@@ -1,16 +1,13 @@
 #!/usr/bin/env python3
 """Faults, injected into a real broker under load, and what the broker promises about each (docs/reliability.md).
 
-    .venv/bin/python scripts/stress/faults.py kill9 --kills 100      # kill -9 of a worker: recovery time, others lose
-    nothing
-    .venv/bin/python scripts/stress/faults.py sigstop                # a worker stopped past fabric.stall_timeout
-    .venv/bin/python scripts/stress/faults.py supervisor             # the supervisor killed: no orphan survives
-    .venv/bin/python scripts/stress/faults.py fds                    # the supervisor out of file descriptors: no busy
-    loop
-    .venv/bin/python scripts/stress/faults.py fds-workers            # the whole broker under a low ulimit -n
-    .venv/bin/python scripts/stress/faults.py disk                   # the queue journal's disk full: pushes fail
-    cleanly
-    .venv/bin/python scripts/stress/faults.py all          # each once, quickly (as tests/cluster/test_faults.py does)
+    .venv/bin/python scripts/stress/faults.py kill9 --kills 100  # kill -9 of a worker: recovery time, no loss elsewhere
+    .venv/bin/python scripts/stress/faults.py sigstop            # a worker stopped past fabric.stall_timeout
+    .venv/bin/python scripts/stress/faults.py supervisor         # the supervisor killed: no orphan survives
+    .venv/bin/python scripts/stress/faults.py fds                # the supervisor out of file descriptors: no busy loop
+    .venv/bin/python scripts/stress/faults.py fds-workers        # the whole broker under a low ulimit -n
+    .venv/bin/python scripts/stress/faults.py disk               # the queue journal's disk full: pushes fail cleanly
+    .venv/bin/python scripts/stress/faults.py all                # each once, quickly (tests/cluster/test_faults.py)
 
 Each prints one JSON object of figures and exits 1 if a promise was broken.  The broker runs from this checkout
 (tests/support/harness.py); the load is NDJSON clients with sequence numbers, placed on chosen workers.

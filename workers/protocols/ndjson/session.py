@@ -100,8 +100,7 @@ class NdjsonSession(Connection):
 
     def arrived(self, state: dict) -> None:
         """Taken over from another worker (workers/protocols/ndjson/moves.py): who it is, and what it sent that was not
-        processed
-        there, which goes before anything read here."""
+        processed there, which goes before anything read here."""
         self.movable = False
         self.started = state["started"]
         name = state.get("user")
