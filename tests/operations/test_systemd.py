@@ -119,6 +119,7 @@ def test_watchdog_usec_meant_for_another_pid_is_ignored(start_broker, notify):
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive   # stops the replacement worker in the ~0.3 s before it boots
 def test_watchdog_withheld_only_while_no_worker_can_come_back(start_broker, notify):
     """One stuck worker is the supervisor's to replace; no worker ready for over half the interval is not."""
     b = start_broker(workers=1, env={**notify.env(), "WATCHDOG_USEC": "1000000"}, prefix=WITH_OWN_PID)
