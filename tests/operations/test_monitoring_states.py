@@ -50,6 +50,7 @@ class Scraper(threading.Thread):
                 time.sleep(0.02)
                 continue
             state = json.loads(body)["state"] if status == 200 else f"varz {status}"
+            sweep = []
             for path in ENDPOINTS:
                 try:
                     status, body = _get(self.port, path)
@@ -57,9 +58,17 @@ class Scraper(threading.Thread):
                     if not self.halt.is_set() and state != "stopping":
                         self.broken.append((state, path, repr(exc)))
                     continue
-                self.seen.setdefault(state, {}).setdefault(path, []).append(status)
+                sweep.append((path, status))
                 if path != "/metrics" and status in (200, 503):
                     json.loads(body)   # a whole JSON document, whatever the state
+            try:   # a sweep during which the state changed is filed under the change ("starting>ready")
+                status, body = _get(self.port, "/varz")
+                after = json.loads(body)["state"] if status == 200 else f"varz {status}"
+            except OSError:   # gone meanwhile: the last sweep of "stopping"
+                after = state
+            key = state if after == state else f"{state}>{after}"
+            for path, status in sweep:
+                self.seen.setdefault(key, {}).setdefault(path, []).append(status)
 
 
 def _scraped(tmp_path, config: dict, drive) -> tuple[Scraper, Broker]:
