@@ -54,15 +54,17 @@ BY_NAME = {p.name: p for p in PROTOCOLS}
 LISTENERS = {p.name: p.section for p in PROTOCOLS} | {"monitoring": "monitoring"}
 
 
-def enabled(config) -> list[Protocol]:
-    """The protocols whose listeners ``config`` (a cluster.config.Config) turns on."""
-    return [p for p in PROTOCOLS if not p.optional or getattr(config, p.section).enabled]
-
-
 def listener_on(config, name: str) -> bool:
-    """Whether the listener ``name`` (one of ``LISTENERS``) is on."""
-    section = getattr(config, LISTENERS[name])
-    return name in BY_NAME and not BY_NAME[name].optional or section.enabled
+    """Whether ``config`` (a cluster.config.Config) turns the listener ``name`` (one of ``LISTENERS``) on."""
+    protocol = BY_NAME.get(name)
+    if protocol is not None and not protocol.optional:
+        return True   # its section has no ``enabled``
+    return getattr(config, LISTENERS[name]).enabled
+
+
+def enabled(config) -> list[Protocol]:
+    """The protocols whose listeners ``config`` turns on."""
+    return [p for p in PROTOCOLS if listener_on(config, p.name)]
 
 
 def session_class(protocol: Protocol) -> type:
