@@ -12,6 +12,7 @@ validates (``passwords``, ``permissions``, ``certnames``) and the protocol regis
 broker imports the names below from here.
 """
 
+from shardbroker.cluster.config.leafnodes import LeafnodesConfig, LeafRemoteConfig, LeafTlsConfig, LeafUrl, parse_url
 from shardbroker.cluster.config.loader import document, from_document, load
 from shardbroker.cluster.config.schema import ConfigError
 from shardbroker.cluster.config.sections import (
@@ -49,6 +50,7 @@ from shardbroker.cluster.config.users import (
 
 __all__ = [
     "QLITE_MAX_HIDDEN", "TLS_LISTENERS", "BridgeConfig", "Config", "ConfigError", "FabricConfig", "LimitsConfig",
+    "LeafRemoteConfig", "LeafTlsConfig", "LeafUrl", "LeafnodesConfig", "parse_url",
     "ListenerTls", "ListenerTlsConfig", "LoggingConfig", "MonitoringConfig", "NatsConfig", "NetworkConfig",
     "QliteConfig", "QueueDefinition", "QueuesConfig", "RuntimeConfig", "SecurityConfig", "ShutdownConfig",
     "TlsConfig", "TlsSettings", "UserConfig", "WorkersConfig", "configured_users", "document", "from_document",

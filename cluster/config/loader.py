@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from shardbroker.cluster.config.leafnodes import check_leaf_files, check_leafnodes
 from shardbroker.cluster.config.paths import check_directories
 from shardbroker.cluster.config.schema import ConfigError, build
 from shardbroker.cluster.config.sections import QLITE_MAX_HIDDEN, Config, QueueDefinition
@@ -27,8 +28,9 @@ from shardbroker.router.subjects import is_valid_literal
 def load(path: str | None = None, overrides: dict[str, Any] | None = None, check_paths: bool = True) -> Config:
     """Read ``path`` (JSON; None: embedded defaults), apply dotted-key ``overrides``, validate.
 
-    ``check_paths``: also check the directories the keys name against the file system, as a start must (a
-    SIGHUP, which re-reads the users only, and tools reading a file meant for another machine leave it out)."""
+    ``check_paths``: also check the directories the keys name against the file system, as a start must, and that
+    the files the leaf remotes name can be read (a SIGHUP, which re-reads the users only, and tools reading a file
+    meant for another machine leave it out)."""
     doc: dict[str, Any] = {}
     digest = None
     if path is not None:
@@ -68,6 +70,7 @@ def load(path: str | None = None, overrides: dict[str, Any] | None = None, check
     _check(config)
     if check_paths:
         check_directories(config)
+        check_leaf_files(config.leafnodes)
     return _with_qlite_queue(config)
 
 
@@ -114,6 +117,7 @@ def _check(config: Config) -> None:
         raise ConfigError(f"shutdown.lame_duck_grace_period: must be less than shutdown.lame_duck_duration "
                           f"({sd.lame_duck_duration:g}), got {sd.lame_duck_grace_period:g}")
     check_tls(config)
+    check_leafnodes(config.leafnodes)
 
 
 # -- reloads: the configuration as a document, to diff it and to send it to the workers ------------------------

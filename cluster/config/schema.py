@@ -2,7 +2,8 @@
 ``cluster.config.sections``, key by key, from their type hints and metadata.
 
 It knows no section by name: an unknown key, a value of the wrong type or out of its range is one ``ConfigError``
-line naming the key and what it expected, whichever section it is in.
+line naming the key and what it expected, whichever section it is in (and the value, unless the field's metadata
+says ``secret``).
 """
 
 from __future__ import annotations
@@ -49,6 +50,12 @@ def _jsonable(value: Any) -> bool:
 
 
 def _convert(tp: Any, value: Any, path: str, meta: dict) -> Any:
+    if meta.get("secret"):   # a password, a token, a URL with credentials: the error is the key's, not the value's
+        try:
+            return _convert(tp, value, path, {k: v for k, v in meta.items() if k != "secret"})
+        except ConfigError:
+            raise ConfigError(f"{path}: expected {_describe(tp)} (the value is not shown: it may be a secret)") \
+                from None
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
         for option in typing.get_args(tp):

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
+from shardbroker.cluster.config.leafnodes import LeafnodesConfig
 from shardbroker.cluster.config.protocols import BY_NAME, LISTENERS
 
 
@@ -92,13 +93,14 @@ class NetworkConfig:
 @dataclass(frozen=True)
 class UserConfig:
     username: str = ""
-    password: str | None = None
+    # secret: a wrong type is reported without the value (cluster/config/schema.py)
+    password: str | None = field(default=None, metadata={"secret": True})
     password_hash: str | None = None
     permissions: list[str] = field(default_factory=list)
     token: bool = False  # NATS clients authenticate with CONNECT {"auth_token": <password>}
     # qlite's handshake (docs/qlite.md) proves bcrypt(secret ‖ challenge): the server needs the secret itself, in
     # plaintext (<= 56 bytes), so a qlite user has this besides its password.  None: no qlite login.
-    qlite_secret: str | None = None
+    qlite_secret: str | None = field(default=None, metadata={"secret": True})
     # tls.verify_and_map: the names a client certificate may prove to log in as this user (certnames.py)
     cert_names: list[str] = field(default_factory=list)
 
@@ -282,6 +284,7 @@ class Config:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
+    leafnodes: LeafnodesConfig = field(default_factory=LeafnodesConfig)
     source: str | None = field(default=None, metadata={"internal": True})
     # What a reload needs to load the file the same way (the command line's dotted-key overrides), and what
     # /varz shows of the load: the file's sha256 (compare with `sha256sum FILE`) and when it was read.

@@ -37,6 +37,8 @@ RUNTIME_KEYS = (
     # TLS: every key, the shared section's and each listener's (true/false, or its object's keys)
     "tls.", "network.tls", "network.tls.", "nats.tls", "nats.tls.", "bridge.tls", "bridge.tls.", "qlite.tls",
     "qlite.tls.", "monitoring.tls", "monitoring.tls.",
+    # the NATS deployments joined: each worker adds, drops and redials remotes (workers/protocols/leaf)
+    "leafnodes.",
 )
 _ACK_TIMEOUT = 10.0
 

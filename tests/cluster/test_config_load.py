@@ -114,6 +114,14 @@ def test_publish_ch_star_stops_the_start_with_exit_2(tmp_path):
     one_line_exit_2(start(tmp_path, config), "security.users[0].permissions: 'publish:ch*'")
 
 
+@pytest.mark.parametrize("key", ["password", "qlite_secret"])
+def test_a_secret_of_the_wrong_type_is_reported_without_its_value(key):
+    with pytest.raises(cfgmod.ConfigError) as err:
+        cfgmod.load(None, {"security.users": [{"username": "u", key: 9876543210}]})
+    assert str(err.value).startswith(f"security.users[0].{key}: expected a string or null")
+    assert "9876543210" not in str(err.value)
+
+
 # -- the configuration and users modules ------------------------------------------------------------------------
 
 def test_config_does_not_import_the_user_registry():
