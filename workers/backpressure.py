@@ -76,8 +76,8 @@ class Backpressure:
                 continue
             state[1] += 1
             if state[1] >= PATIENCE:
-                log.info("cid %d is not reading (%d bytes unsent): no longer holding publishers for it",
-                         conn.cid, conn.pending_bytes)
+                log.info("%s is not reading (%d bytes unsent): no longer holding publishers for it",
+                         getattr(conn, "who", None) or f"cid {conn.cid}", conn.pending_bytes)
                 self.released += 1
                 del self._congested[conn]
         if not self._congested:

@@ -25,7 +25,7 @@ class Route:
 
     __slots__ = ("subject", "subject_b", "msg_head", "ndjson", "nats", "nats_plain", "others", "local", "remote",
                  "queued", "groups", "owner", "prefix", "wild", "msgs", "bytes", "fanout", "members", "lines",
-                 "tails", "batched", "batched_bytes", "batched_payload", "generation", "service")
+                 "tails", "batched", "batched_bytes", "batched_payload", "generation", "service", "leaf")
 
     def __init__(self, subject: str, ndjson: tuple, nats: tuple, others: tuple, remote: tuple[int, ...],
                  queued: bool, owner: int, batching: bool = True) -> None:
@@ -75,6 +75,9 @@ class Route:
         # An internal subscription's handler (Hub.serve): the broker's own API on this subject, which it serves
         # alone (no client subscription receives what is published here).
         self.service = None
+        # The leaf connections (to NATS hubs) a message published here goes to, each with the queue groups it
+        # names there (workers/protocols/leaf/leafnodes.py).
+        self.leaf = ()
 
 
 # -- NDJSON ------------------------------------------------------------------------------------------------------

@@ -30,12 +30,13 @@ MayReceive = Callable[[str, str], bool]   # (user name, subject): whether that u
 class Group:
     """The members of one group name matching one subject, and whose turn it is."""
 
-    __slots__ = ("name", "members", "next")
+    __slots__ = ("name", "members", "next", "next_here")
 
     def __init__(self, name: str, members: tuple) -> None:
         self.name = name
         self.members = members
         self.next = random.randrange(len(members))  # spread even when routes are rebuilt often
+        self.next_here = self.next                  # the turn among one worker's own members (pick_named)
 
 
 def _order(member: Member) -> tuple:
@@ -105,6 +106,10 @@ class GroupTable:
     def matches(self, subject: str) -> bool:
         return bool(self.trie.match(subject))
 
+    def names(self, subject: str) -> set[str]:
+        """The names of the groups with a member matching ``subject``, anywhere in the broker."""
+        return {member[0] for member in self.trie.match(subject)}
+
     def groups(self, subject: str, may_receive: MayReceive | None = None) -> list[Group]:
         """The groups matching ``subject``, each of the members that may receive it (``may_receive``; None:
         security off); a group none of whose members may is no group for this subject."""
@@ -131,6 +136,21 @@ class GroupTable:
                 group.next = (group.next + i + 1) % n
                 targets.setdefault(member[1], []).append((member[0], member[2], member[3]))
                 break
+        return targets
+
+    @staticmethod
+    def pick_named(groups: list[Group], names: tuple[bytes, ...], prefer: int) -> dict[int, list]:
+        """One member of each group ``names`` lists (a message from a NATS hub, which picked this broker for
+        them), of worker ``prefer`` (this one) when it has one -> {worker: [(group, cid, sid), ...]}."""
+        wanted = {name.decode("utf-8", "replace") for name in names}
+        targets: dict[int, list] = {}
+        for group in groups:
+            if group.name not in wanted:
+                continue
+            pool = [m for m in group.members if m[1] == prefer] or group.members
+            member = pool[group.next_here % len(pool)]
+            group.next_here = (group.next_here + 1) % len(pool)
+            targets.setdefault(member[1], []).append((member[0], member[2], member[3]))
         return targets
 
     def member(self, group: str, cid: int, sid: bytes, subject: str) -> Subscription | None:

@@ -96,6 +96,9 @@ class Hub(Fanout):
         # The work-queue service, which the sessions' queue verbs use (set by the worker process; it attaches itself
         # as a part, and the hub knows it only as one).
         self.queue_service = None
+        # The worker's leaf connections to NATS hubs, when configured (workers/protocols/leaf/leafnodes.py: it
+        # sets itself here and on the interest).
+        self.leafnodes = None
 
         self.groups = GroupTable(index)
         # Fabric control items (router.control) by kind: each room that owns some registers them (``handle``).
@@ -236,6 +239,9 @@ class Hub(Fanout):
         if nobody anywhere can receive it (what NATS' no-responders reports)."""
         self.turn_work += 1  # a publish is work even when every subscriber is elsewhere
         delivered = self.deliver(route, kind, payload, reply, headers, origin) if route.local else 0
+        if route.leaf:
+            self.leafnodes.forward(route, kind, payload, reply, headers)
+            delivered += 1
         remote, queued = route.remote, route.queued
         if remote and not queued:
             self.fabric.send_to(remote, (route.subject, kind, payload, reply, headers, None))
@@ -318,6 +324,9 @@ class Hub(Fanout):
         route.msgs += n
         route.bytes += nbytes
         delivered = self.deliver_run(route, kind, payloads, reply, origin) if route.local else 0
+        if route.leaf:
+            self.leafnodes.forward_run(route, kind, payloads, reply)
+            delivered += 1
         if route.remote:
             self.fabric.send_to(route.remote, (route.subject, kind, payloads, reply, None, None))
             origin.crossed = True
@@ -329,17 +338,21 @@ class Hub(Fanout):
                         dispatch: tuple) -> bool:
         """This worker owns the subject: one member per queue group, wherever the members are.  -> whether some
         went to another worker."""
-        if route.groups is None:
-            route.groups = self.groups.groups(route.subject, self._member_may_receive if self.auth.enabled else None)
         _, origin_worker, origin_cid, no_echo = dispatch
         forwarded = False
-        for worker, members in self.groups.pick(route.groups, origin_worker, origin_cid, no_echo).items():
+        for worker, members in self.groups.pick(self.groups_of(route), origin_worker, origin_cid, no_echo).items():
             if worker == self.index:
                 self.deliver_members(route.subject, kind, payload, reply, headers, members)
             else:
                 self.fabric.send(worker, (route.subject, kind, payload, reply, headers, ("m", members)))
                 forwarded = True
         return forwarded
+
+    def groups_of(self, route: Route) -> list:
+        """The queue groups of ``route``'s subject, each of the members that may receive it (built once a route)."""
+        if route.groups is None:
+            route.groups = self.groups.groups(route.subject, self._member_may_receive if self.auth.enabled else None)
+        return route.groups
 
     def _member_may_receive(self, name: str, subject: str) -> bool:
         """Whether user ``name`` may receive ``subject`` now, by this worker's copy of the users (which has every

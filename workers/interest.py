@@ -48,6 +48,13 @@ class Host(Protocol):
     def handle(self, kinds: tuple[str, ...], handler: Callable[[int, tuple], None]) -> None: ...
 
 
+class Leaf(Protocol):
+    """The worker's leaf connections (``workers.protocols.leaf.leafnodes.Leafnodes``), as interest sees them."""
+
+    def local_changed(self, pattern: str, queue: str | None, delta: int) -> None: ...
+    def targets(self, subject: str, groups_here: set[str] | None) -> tuple: ...
+
+
 class Interest:
     def __init__(self, hub: Host) -> None:
         self.hub = hub
@@ -62,6 +69,9 @@ class Interest:
         self.services = Sublist()
         self._remote_by_peer: dict[int, set[str]] = {p: set() for p in range(hub.workers) if p != hub.index}
         self._by_party = Tally()   # subscriptions standing here per user (or client address)
+        # The worker's leaf connections, when it has some (workers/protocols/leaf): they hear of every local
+        # subscription added or removed, and say which hubs a route reaches.
+        self.leaf: Leaf | None = None
         for kind, handler in ((control.INTEREST_ADD, self._interest_add), (control.INTEREST_DEL, self._interest_del),
                               (control.INTEREST_SNAPSHOT, self._interest_snapshot),
                               (control.GROUP_ADD, self._group_add), (control.GROUP_DEL, self._group_del),
@@ -95,8 +105,11 @@ class Interest:
         remote = tuple(sorted(set(workers))) if workers else ()
         # ``cached`` is Route's ``batching``, passed by position: a class called with a keyword argument gets a
         # dict made for it, and a route is made per new subject (every reply inbox).
-        return Route(subject, tuple(ndjson), tuple(nats), tuple(others), remote, self.groups.matches(subject),
-                     shardmap.owner(subject, self.workers), cached)
+        route = Route(subject, tuple(ndjson), tuple(nats), tuple(others), remote, self.groups.matches(subject),
+                      shardmap.owner(subject, self.workers), cached)
+        if self.leaf is not None:
+            route.leaf = self.leaf.targets(subject, self.groups.names(subject) if route.queued else None)
+        return route
 
     # -- subscriptions --------------------------------------------------------------------------------------
     def subscription_refused(self, conn: Connection) -> str | None:
@@ -128,6 +141,8 @@ class Interest:
         pattern = sub.subject
         fabric = hub.fabric
         self._counted_in(sub)
+        if self.leaf is not None:
+            self.leaf.local_changed(pattern, sub.queue, 1)
         if sub.queue is not None:
             member = self.groups.add_local(sub)
             hub.invalidate()
@@ -169,6 +184,8 @@ class Interest:
             member = self.groups.remove_local(sub)
             if member is not None:
                 self._counted_out(sub)
+                if self.leaf is not None:
+                    self.leaf.local_changed(pattern, sub.queue, -1)
                 hub.invalidate()
                 if hub.fabric is not None and hub.fabric.links:
                     hub.fabric.broadcast_control((control.GROUP_DEL, pattern, member))
@@ -177,6 +194,8 @@ class Interest:
         if not self.local.remove(pattern, sub):
             return
         self._counted_out(sub)
+        if self.leaf is not None:
+            self.leaf.local_changed(pattern, None, -1)
         hub.invalidate()
         n = self.patterns[pattern] - 1
         if n:

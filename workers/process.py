@@ -175,6 +175,15 @@ class Worker:
                                  hwm=cfg.fabric.hwm, window_bytes=cfg.fabric.window_bytes,
                                  stall_timeout=cfg.fabric.stall_timeout)
         await self.hub.fabric.join(cfg.workers.boot_timeout)
+        self._leafnodes(cfg)
+
+    def _leafnodes(self, cfg: Config) -> None:
+        """Join the NATS deployments ``cfg`` names as their leaf (docs/leafnodes.md); imported only then."""
+        if self.hub.leafnodes is not None:
+            self.hub.leafnodes.apply(cfg)
+        elif cfg.leafnodes.remotes:
+            from shardbroker.workers.protocols.leaf.leafnodes import Leafnodes
+            Leafnodes(self.hub, cfg, self.server_info["server_id"])
 
     async def _heartbeat(self) -> None:
         while True:
@@ -227,6 +236,8 @@ class Worker:
         elif kind == "config":   # a reload (cluster.supervisor.reload): only keys that may change at run time differ
             self.config = from_document(msg["doc"])
             reconfigure.apply(self.config, self.hub, self.auth)
+            if self.hub is not None and self.hub.fabric is not None:
+                self._leafnodes(self.config)
             self._tls_material = msg.get("tls", self._tls_material)
             error = self.tls.apply(self.config, self._tls_material) if self.tls is not None else None
             self.ctl.send({"k": "reply", "req": msg["req"], "data": {"worker": self.index, "ok": not error,
@@ -311,6 +322,8 @@ class Worker:
             data["subjects"] = hub.owned.top(int(msg.get("limit", 100)), msg.get("subject"))
         elif what == "queues" and hub.queue_service is not None:
             data["queues"] = hub.queue_service.shard.stats(msg.get("queue"))
+        elif what == "leafz":
+            data["leafz"] = hub.leafnodes.leafz(bool(msg.get("subs"))) if hub.leafnodes is not None else []
         return data
 
     def _on_control_closed(self) -> None:
@@ -399,6 +412,8 @@ class Worker:
         if self._finished:   # a graceful stop the supervisor's death overtook (_on_control_closed) ends too
             return
         self._finished = True
+        if self.hub is not None and self.hub.leafnodes is not None:
+            self.hub.leafnodes.close()
         if self.hub is not None and self.hub.queue_service is not None:
             self.hub.queue_service.close(graceful=not code)
         if self.hub is not None and self.hub.fabric is not None:

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardbroker.workers.protocols.bridge import codec as bridge_codec
+from shardbroker.workers.protocols.leaf import codec as leaf_codec
 from shardbroker.workers.protocols.nats import codec as nats_codec
 from shardbroker.workers.protocols.ndjson import codec as ndjson_codec
 from shardbroker.workers.protocols.qlite import codec as qlite_codec
@@ -176,6 +177,28 @@ def _qlite(chunks: list[bytes], limit: int, first_limit: int) -> list:
 def test_qlite_split_anywhere_same_as_whole(data, cuts, one_byte, limit, first_limit):
     _tried("qlite")
     assert _qlite(pieces_of(data, cuts, one_byte), limit, first_limit) == _qlite([data], limit, first_limit)
+
+
+# -- leaf (what a NATS hub sends a leaf connection) -------------------------------------------------------------
+LEAF_PIECES = [b"LS+ a.b\r\n", b"LS+ w q 3\r\n", b"ls- w q\r\n", b"LS- a.b\r\n", b"LMSG a 2\r\nhi\r\n",
+               b"LMSG a r 1\r\nx\r\n", b"LMSG a | q1 q2 0\r\n\r\n", b"LMSG a + r q 3\r\nabc\r\n",
+               b"HMSG a 12 14\r\nNATS/1.0\r\n\r\nhi\r\n", b"HMSG a + r q 2 3\r\nabc\r\n", b"PING\r\n",
+               b"PONG\n", b"-ERR 'Loop detected'\r\n", b"+OK\r\n", b'INFO {"a":1}\r\n', b"INFO [\r\n",
+               b"LMSG a 3\r\nabcXY", b"LS+ \r\n", b"LMSG a | 1\r\nx\r\n", b"\t ping \t\r\n"]
+
+
+def _leaf(chunks: list[bytes], max_line: int, max_payload: int) -> list:
+    parser = leaf_codec.Parser(max_payload, max_line)
+    return [event for chunk in chunks for event in parser.feed(chunk)]
+
+
+@FUZZ
+@given(stream(LEAF_PIECES, padded([b"LS+ a", b"LMSG a 1", b"HMSG a 0 1", b"-ERR x"],
+                                   [b"\r\n", b"\n", b"\r", b"\r\nx\r\n", b"\nx\r\n"])), CUTS, ONE_BYTE,
+       st.integers(min_value=16, max_value=80), st.integers(min_value=0, max_value=40))
+def test_leaf_split_anywhere_same_as_whole(data, cuts, one_byte, max_line, max_payload):
+    _tried("leaf")
+    assert _leaf(pieces_of(data, cuts, one_byte), max_line, max_payload) == _leaf([data], max_line, max_payload)
 
 
 def test_fuzz_counts():
