@@ -13,7 +13,7 @@ import time
 
 import click
 
-VIEW_NAMES = ("workers", "subjects", "queues", "connections")
+VIEW_NAMES = ("workers", "subjects", "queues", "connections", "leafs")
 
 
 @click.command()
@@ -34,9 +34,9 @@ VIEW_NAMES = ("workers", "subjects", "queues", "connections")
               help="--once's output (default json: every view; csv: the --view table). Implies --once.")
 def top(monitor: str | None, host: str | None, interval: float, limit: int, view: str, sort_key: str | None,
         once: bool, fmt: str | None) -> None:
-    """A live console of the broker: workers, busiest subjects and queues, connections.
+    """A live console of the broker: workers, busiest subjects and queues, connections, leaf links to NATS hubs.
 
-    Keys: w/t/u/c (or 1-4) views, o/O sort by the next/previous column, r reverse, Enter on a subject its
+    Keys: w/t/u/c/l (or 1-5) views, o/O sort by the next/previous column, r reverse, Enter on a subject its
     subscribers, Esc back, / filter, b raw numbers, p pause, +/- interval, ? help, q quit.
     """
     from shardbroker.cli.top import endpoint, formatting, model, views

@@ -1,9 +1,9 @@
 """The ``brokerctl top`` console, in textual (imported by ``top`` alone: it costs ~0.25 s to import).
 
-One table, whose columns are the current view's (cli/top/views.py): workers, subjects, queues, connections, and
-the subscribers of one subject (Enter on a subject; Esc goes back).  Each refresh runs in a thread (the HTTP
-requests block) and fetches only what the open view shows.  Rows are keyed by what they show (worker, subject,
-cid), so the cursor stays on its row while the order changes underneath it.
+One table, whose columns are the current view's (cli/top/views.py): workers, subjects, queues, connections, leaf
+links to NATS hubs, and the subscribers of one subject (Enter on a subject; Esc goes back).  Each refresh runs in a
+thread (the HTTP requests block) and fetches only what the open view shows.  Rows are keyed by what they show
+(worker, subject, cid, a worker's leaf link), so the cursor stays on its row while the order changes underneath it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from textual.widgets import DataTable, Footer, Input, Static
 from shardbroker.cli.top import endpoint, formatting, model, views
 
 HELP = """\
-w 1  workers        t 2  subjects        u 3  queues        c 4  connections
+w 1  workers        t 2  subjects        u 3  queues        c 4  connections        l 5  leaf links
 o O  sort by the next / previous column (or click a header)     r  reverse the order
 Enter on a subject: its subscribers (Esc: back)                 /  filter rows (Esc: clear)
 b  raw numbers      p  pause      + -  refresh faster / slower      q  quit"""
@@ -28,7 +28,8 @@ b  raw numbers      p  pause      + -  refresh faster / slower      q  quit"""
 # Worker columns that a broker may not report (yet): shown only when some worker has a value.
 OPTIONAL = {"pending_bytes", "cpu", "rss", "fds", "loop_lag", "loop_lag_max", "heartbeat_age", "restarts",
             "owned_subjects", "idle", "rtt"}
-FILTERED = ("subject", "queue", "host", "name", "user", "protocol", "patterns", "state")
+FILTERED = ("subject", "queue", "host", "name", "user", "protocol", "patterns", "state", "url", "hub",
+            "last_error")
 
 
 class TopApp(App):
@@ -47,6 +48,7 @@ class TopApp(App):
         Binding("t,2", "view('subjects')", "Subjects"),
         Binding("u,3", "view('queues')", "Queues"),
         Binding("c,4", "view('connections')", "Conns"),
+        Binding("l,5", "view('leafs')", "Leafs"),
         Binding("o", "sort(1)", "Sort"),
         Binding("O", "sort(-1)", "Sort back", show=False),
         Binding("r", "reverse", "Reverse"),
@@ -148,7 +150,7 @@ class TopApp(App):
         if self.subject is not None:
             return snap.subscribers
         return {"workers": snap.workers, "subjects": snap.subjects, "queues": snap.queues,
-                "connections": snap.connections}[self.view]
+                "connections": snap.connections, "leafs": snap.leafs}[self.view]
 
     def _render(self) -> None:
         snap = self.snap
@@ -209,8 +211,10 @@ class TopApp(App):
 
     @staticmethod
     def _style(key: str, row: dict) -> str:
-        if key == "state" and row.get("state") not in ("ready", None):
+        if key == "state" and row.get("state") not in ("ready", "connected", None):
             return "bold red"
+        if key == "last_error" and row.get(key):
+            return "yellow"
         if key in ("slow_consumers", "fabric_lost") and row.get(key):
             return "bold yellow"
         if key == "slow" and row.get(key):
@@ -245,7 +249,12 @@ class TopApp(App):
         text.append(f"(+{s['slow_consumers_new']})", style="bold yellow" if s["slow_consumers_new"] else "")
         text.append("  fabric lost ")
         text.append(str(s["fabric_lost"]), style="bold red" if s["fabric_lost"] else "")
-        text.append(f" stalls {s['fabric_stalls']}\n")
+        text.append(f" stalls {s['fabric_stalls']}")
+        if s.get("leafnode_links"):
+            up, links = s.get("leafnodes", 0), s["leafnode_links"]
+            text.append("  leaf links ")
+            text.append(f"{up}/{links} up", style="" if up == links else "bold red")
+        text.append("\n")
         text.append(f"CPU {s['cpu']:.1f}%{cores}  RSS {h(s['mem'], 'bytes')}")
         if s.get("pending_bytes") is not None:
             text.append(f"  pending {h(s['pending_bytes'], 'bytes')}")

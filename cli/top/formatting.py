@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from shardbroker.cli.top.views import QUEUES, SUBJECTS, WORKERS, View, sort_rows
+from shardbroker.cli.top.views import LEAFS, QUEUES, SUBJECTS, WORKERS, View, sort_rows
 
 if TYPE_CHECKING:
     from shardbroker.cli.top.model import Snapshot
@@ -32,12 +32,14 @@ def snapshot_json(snap: Snapshot, sorts: dict[str, str], limit: int) -> bytes:
     if snap.connections is not None:
         out["connections"] = snap.connections
         out["connections_total"] = snap.connections_total
+    if snap.leafs is not None:
+        out["leafs"] = sort_rows(snap.leafs, LEAFS, sorts.get("leafs", "worker"))
     return orjson.dumps(out, option=orjson.OPT_INDENT_2) + b"\n"
 
 
 def snapshot_csv(snap: Snapshot, view: View, sort: str, limit: int) -> str:
     rows = {"workers": snap.workers, "subjects": snap.subjects, "queues": snap.queues,
-            "connections": snap.connections}[view.name] or []
+            "connections": snap.connections, "leafs": snap.leafs}[view.name] or []
     if view.name != "connections":
         rows = sort_rows(rows, view, sort)
     if view.name == "subjects":

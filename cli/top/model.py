@@ -26,7 +26,7 @@ from datetime import datetime
 from typing import Any
 
 from shardbroker.cli.top.endpoint import BadRequest, Client, is_local
-from shardbroker.cli.top.views import CONNECTIONS, NATS_CONN_SORT, SUBSCRIBERS, sort_rows
+from shardbroker.cli.top.views import CONNECTIONS, LEAFS, NATS_CONN_SORT, SUBSCRIBERS, sort_rows
 
 # Subject counters reach their owner once a second, so a 1 s difference jumps between 0 and twice the real rate:
 # subject rates are averaged over this many seconds (at least one interval).
@@ -166,6 +166,7 @@ class Snapshot:
     queues: list[dict] | None = None
     connections: list[dict] | None = None
     connections_total: int | None = None
+    leafs: list[dict] | None = None
     connections_sorted_by: str = ""   # "server" or "client"
     connections_sort: str = ""        # the key they were fetched sorted by (server)
     subscribers: list[dict] | None = None
@@ -179,7 +180,8 @@ class Poller:
         self.client = client
         self.interval = interval
         self.limit = limit
-        self.rates = {name: Rates() for name in ("workers", "subjects", "queues", "connections", "subscribers")}
+        self.rates = {name: Rates() for name in ("workers", "subjects", "queues", "connections", "subscribers",
+                                                 "leafs")}
         self.local = LocalProcesses() if (is_local(client.base) if local is None else local) else None
         self.server_sorts: bool | None = None   # does /connz honour sort= (learned once)
         self._bad_sorts: set[str] = set()       # keys this server refused
@@ -187,8 +189,8 @@ class Poller:
 
     # -- endpoints --------------------------------------------------------------------------------------
     def poll(self, want: Iterable[str] = ("workers",), conn_sort: str = "cid", subject: str | None = None) -> Snapshot:
-        """One refresh: /varz always, then the views in ``want`` ("subjects", "queues", "connections"), and with
-        ``subject`` the subscribers of that subject (/connz?subs=1, filtered here)."""
+        """One refresh: /varz always, then the views in ``want`` ("subjects", "queues", "connections", "leafs"),
+        and with ``subject`` the subscribers of that subject (/connz?subs=1, filtered here)."""
         want = set(want)
         varz = self.client.get("/varz")
         t = parse_now(varz.get("now"), time.time())
@@ -206,6 +208,8 @@ class Poller:
                     if w.get("state") not in DOWN:
                         w["pending_bytes"] = pending.get(w["worker"], 0)
                 snap.summary["pending_bytes"] = sum(pending.values())
+        if "leafs" in want:
+            snap.leafs = self._leafs(varz)
         if subject is not None:
             self._subscribers(snap, subject)
         return snap
@@ -278,6 +282,10 @@ class Poller:
             "fabric_stalls": varz.get("fabric_stalls", 0),
             "mem": varz.get("mem", 0), "cpu": varz.get("cpu", 0.0), "cores": varz.get("cores"),
             "pending_bytes": total("pending_bytes"),
+            # leaf connections to NATS hubs (/varz: up now; each worker's stats: how many it keeps)
+            "leafnodes": varz.get("leafnodes", 0),
+            "leafnode_links": sum((w.get("leafnodes") or {}).get("remotes", 0) for w in varz.get("workers", [])
+                                  if isinstance(w.get("leafnodes"), dict)),
         }
 
     def _subjects(self) -> list[dict]:
@@ -316,6 +324,35 @@ class Poller:
                          **{k: q.get(k, 0) for k in ("pushed", "delivered", "acked", "nacked", "expired")}})
         rates.forget(r["key"] for r in rows)
         return rows
+
+    def _leafs(self, varz: dict) -> list[dict]:
+        """The workers' leaf connections (/leafz), each keyed by its worker and its place in that worker's list
+        (a worker's links all carry one name); not asked of a broker with no leaf remotes configured."""
+        if not (varz.get("leaf") or {}).get("remotes"):
+            return []
+        body = self.client.get("/leafz")
+        t = parse_now(body.get("now"), time.time())
+        rates = self.rates["leafs"]
+        rows = []
+        place: dict[Any, int] = {}
+        for x in body.get("leafs", []):
+            worker = x.get("worker")
+            place[worker] = place.get(worker, -1) + 1
+            key = f"{worker}.{place[worker]}"
+            r = rates.update(key, t, {"in_msgs": x.get("in_msgs", 0), "out_msgs": x.get("out_msgs", 0)},
+                             self.interval * 0.9)
+            rows.append({"key": key, "worker": worker, "name": x.get("name", ""), "state": x.get("state", ""),
+                         "url": x.get("url", ""), "hub": x.get("hub", ""), "account": x.get("account", ""),
+                         "rtt": x.get("rtt"), "rtt_seconds": duration(x.get("rtt")),
+                         "msgs_in_rate": r["in_msgs"], "msgs_out_rate": r["out_msgs"],
+                         "in_msgs": x.get("in_msgs", 0), "out_msgs": x.get("out_msgs", 0),
+                         "in_bytes": x.get("in_bytes", 0), "out_bytes": x.get("out_bytes", 0),
+                         "subs": x.get("subscriptions", 0), "hub_subs": x.get("hub_subscriptions"),
+                         "connects": x.get("connects"), "reconnects": x.get("reconnects"),
+                         "failures": x.get("failures"), "slow_consumers": x.get("slow_consumers"),
+                         "oversize": x.get("oversize"), "last_error": x.get("last_error", "")})
+        rates.forget(r["key"] for r in rows)
+        return sort_rows(rows, LEAFS, "worker")
 
     def _probe_sort(self) -> bool:
         """Whether /connz sorts before its limit (nats-server's ``sort=``).  A server that knows ``sort=`` refuses

@@ -75,14 +75,24 @@ SUBSCRIBERS = View("subscribers", (
     Column("slow", "", "str"),
 ), default_sort="msgs_to_rate", key="cid")
 
-VIEWS = {v.name: v for v in (WORKERS, SUBJECTS, QUEUES, CONNECTIONS)}
+LEAFS = View("leafs", (
+    Column("worker", "W"), Column("name", "NAME", "str"), Column("state", "STATE", "str"),
+    Column("url", "URL", "str"), Column("hub", "HUB", "str"), Column("account", "ACCOUNT", "str"),
+    Column("rtt", "RTT", "str"), Column("msgs_in_rate", "MSG/s IN", "rate"),
+    Column("msgs_out_rate", "MSG/s OUT", "rate"),
+    Column("in_msgs", "MSGS IN"), Column("out_msgs", "MSGS OUT"), Column("subs", "SUBS"),
+    Column("hub_subs", "HUB SUBS"), Column("reconnects", "RECONN"), Column("slow_consumers", "SLOW"),
+    Column("oversize", "OVERSIZE"), Column("last_error", "LAST ERROR", "str"),
+), default_sort="worker", key="key")
+
+VIEWS = {v.name: v for v in (WORKERS, SUBJECTS, QUEUES, CONNECTIONS, LEAFS)}
 
 # nats-server's /connz sort keys (monitor_sort_opts.go) for our columns, and the order nats-server sorts them in.
 NATS_CONN_SORT = {"cid": "cid", "subs": "subs", "pending": "pending", "msgs_to": "msgs_to",
                   "msgs_from": "msgs_from", "bytes_to": "bytes_to", "bytes_from": "bytes_from", "uptime": "uptime",
                   "idle": "idle", "rtt": "rtt"}
 ASCENDING = {"cid", "worker", "pid", "subject", "queue", "owner", "host", "protocol", "name", "user", "lang",
-             "version", "state", "idle", "patterns"}
+             "version", "state", "idle", "patterns", "key", "url", "hub", "account", "last_error"}
 
 
 def sort_rows(rows: list[dict], view: View, key: str, reverse: bool = False) -> list[dict]:
@@ -92,7 +102,7 @@ def sort_rows(rows: list[dict], view: View, key: str, reverse: bool = False) -> 
         getter: Callable[[dict], Any] = lambda r: r.get("start") or None  # noqa: E731
     elif key == "idle" and view is CONNECTIONS:   # the longest idle first: the oldest activity
         getter = lambda r: r.get("last_activity") or None  # noqa: E731
-    elif key == "rtt" and view is CONNECTIONS:
+    elif key == "rtt" and view in (CONNECTIONS, LEAFS):
         getter = lambda r: r.get("rtt_seconds")  # noqa: E731
     else:
         getter = lambda r: r.get(key)  # noqa: E731

@@ -2,8 +2,8 @@
 
 Every request asks each worker over its control channel and aggregates the replies, so a worker whose event loop is
 stuck shows up as unresponsive instead of looking healthy (the reason not to answer from a side thread).  Field
-names follow nats-server's monitoring (``/varz``, ``/connz``, ``/subsz``, ``/healthz``) so existing tooling finds
-what it expects; see docs/operations.md.  ``/metrics`` renders the same replies for Prometheus
+names follow nats-server's monitoring (``/varz``, ``/connz``, ``/subsz``, ``/leafz``, ``/healthz``) so existing
+tooling finds what it expects; see docs/operations.md.  ``/metrics`` renders the same replies for Prometheus
 (cluster/monitoring/metrics.py).
 """
 
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import psutil
 
 from shardbroker.cluster.config import tls_settings
-from shardbroker.cluster.monitoring import connz
+from shardbroker.cluster.monitoring import connz, leafz
 from shardbroker.cluster.monitoring.httpd import Body, HttpServer
 from shardbroker.cluster.monitoring.processes import ProcessTable, max_fds
 from shardbroker.cluster.security.tls import enabled as tls_enabled
@@ -127,14 +127,15 @@ class Monitor:
             return await self._metrics(headers.get("accept", ""))
         handler = {
             "/": self._index, "/healthz": self._healthz, "/varz": self._varz, "/connz": self._connz,
-            "/subsz": self._subsz, "/topicz": self._topicz, "/queuez": self._queuez,
+            "/subsz": self._subsz, "/leafz": self._leafz, "/topicz": self._topicz, "/queuez": self._queuez,
         }.get(path.rstrip("/") or "/")
         if handler is None:
             return 404, {"error": f"no such endpoint: {path}"}
         return await handler(query)
 
     async def _index(self, query: dict) -> tuple[int, object]:
-        return 200, {"endpoints": ["/healthz", "/varz", "/connz", "/subsz", "/topicz", "/queuez", "/metrics"]}
+        return 200, {"endpoints": ["/healthz", "/varz", "/connz", "/subsz", "/leafz", "/topicz", "/queuez",
+                               "/metrics"]}
 
     async def _healthz(self, query: dict) -> tuple[int, object]:
         if self.sup.state in ("starting", "stopping"):
@@ -229,7 +230,8 @@ class Monitor:
             "ping_max": cfg.nats.ping_max,
             "routes": 0,
             "remotes": 0,
-            "leafnodes": 0,
+            "leafnodes": leafz.connected(ok),      # leaf connections up now (each worker has its own)
+            "leaf": leafz.varz_leaf(cfg.leafnodes),
             "start": _iso(sup.started),
             "state": sup.state,                    # starting, ready, reloading, lame duck, stopping
             "hot_path": ",".join(sorted({r.get("hot_path", "") for r in ok})),   # compiled or pure (speedups)
@@ -309,6 +311,16 @@ class Monitor:
                          "patterns": r.get("patterns", 0), "remote_patterns": r.get("remote_patterns", 0)}
                         for r in ok],
         }
+
+    async def _leafz(self, query: dict) -> tuple[int, object]:
+        """nats-server's /leafz: every worker's leaf connections (cluster/monitoring/leafz.py); ``subs=1`` adds
+        what each advertises to its hub, ``acc=`` keeps one account's."""
+        subs = leafz.flag(query, "subs")
+        replies = await self.sup.query({"k": "stats", "what": "leafz", "subs": subs})
+        rows = leafz.leafs(replies, query.get("acc", ""))
+        info = self.sup.server_info()
+        return 200, {"server_id": info["server_id"], "server_name": info["server_name"], "now": _iso(time.time()),
+                     "leafnodes": len(rows), "leafs": rows}
 
     async def _topicz(self, query: dict) -> tuple[int, object]:
         limit = max(1, int(query.get("limit", 100) or 100))

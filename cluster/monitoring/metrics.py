@@ -135,6 +135,21 @@ _LINK_COUNTERS = (
     ("messages_out", "shardbroker_fabric_sent_messages", "Messages sent to the peer worker."),
     ("messages_in", "shardbroker_fabric_received_messages", "Messages received from the peer worker."),
 )
+# The workers' ``leafnodes`` stats (workers/protocols/leaf/leafnodes.py), summed over each worker's leaf connections
+_LEAF_GAUGES = (
+    ("connections", "shardbroker_leafnode_connections", "Leaf connections to NATS hubs up now."),
+    ("remotes", "shardbroker_leafnode_remotes",
+     "Leaf connections the worker keeps (one per configured remote): up, dialling or waiting to redial."),
+)
+_LEAF_COUNTERS = (
+    ("slow_consumers", "shardbroker_leafnode_slow_consumers",
+     "Messages for a hub dropped because more than leafnodes.max_pending_bytes were waiting to reach it."),
+    ("oversize", "shardbroker_leafnode_oversize",
+     "Messages for a hub dropped because they were over the hub's max_payload."),
+    ("reconnects", "shardbroker_leafnode_reconnects", "Redials of a leaf connection after a failure or a loss."),
+    ("dropped", "shardbroker_leafnode_dropped_messages",
+     "Messages from a hub that no client here may take (the remote's deny_imports, a subject not valid here)."),
+)
 # /queuez fields: (field, name, help, unit, scale)
 _QUEUE_GAUGES = (
     ("visible", "shardbroker_workqueue_visible_messages", "Messages ready to be received.", "", 1),
@@ -173,6 +188,7 @@ class BrokerCollector:
         yield from self._workers()
         yield from self._processes()
         yield from self._fabric()
+        yield from self._leafnodes()
         yield from self._queues()
         yield from self._limits()
         yield from self._tls()
@@ -301,6 +317,32 @@ class BrokerCollector:
                 for key, family in tables:
                     family.add_metric((str(w.index), peer), int(link.get(key, 0)))
         for _, family in tables:
+            yield family
+
+    def _leafnodes(self) -> Iterator[Metric]:
+        """Each worker's leaf connections to NATS hubs, summed per worker (workers without leaf remotes: none)."""
+        stats = [(str(w.index), w.stats["leafnodes"]) for w in self.scrape.workers
+                 if w.stats is not None and "leafnodes" in w.stats]
+        for key, name, doc in _LEAF_GAUGES:
+            family = GaugeMetricFamily(name, doc, labels=("worker",))
+            for worker, leaf in stats:
+                family.add_metric((worker,), leaf.get(key, 0))
+            yield family
+        messages = CounterMetricFamily("shardbroker_leafnode_messages",
+                                       "Messages over the leaf connections: in from the hubs, out to them.",
+                                       labels=("worker", "direction"))
+        nbytes = CounterMetricFamily("shardbroker_leafnode_bytes", "Payload bytes (headers included) of those "
+                                     "messages.", labels=("worker", "direction"), unit="bytes")
+        for worker, leaf in stats:
+            for direction in ("in", "out"):
+                messages.add_metric((worker, direction), leaf.get(f"{direction}_msgs", 0))
+                nbytes.add_metric((worker, direction), leaf.get(f"{direction}_bytes", 0))
+        yield messages
+        yield nbytes
+        for key, name, doc in _LEAF_COUNTERS:
+            family = CounterMetricFamily(name, doc, labels=("worker",))
+            for worker, leaf in stats:
+                family.add_metric((worker,), leaf.get(key, 0))
             yield family
 
     def _per_process(self, family, supervisor: dict, field: str) -> None:
