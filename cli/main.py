@@ -373,7 +373,8 @@ def user_list() -> None:
 @click.option("-s", "--scenarios", default="fanout1,fanout10,fanout100,nn,wide,latency,connections",
               show_default=True, help="Comma-separated: fanout1 fanout10 fanout100 nn wide latency connections; "
                                       "work queues: qpush qwork1 qwork8 qdrain1 qdrain8 qlatency, and with batch "
-                                      "producers qpushb qwork1b qwork8b.")
+                                      "producers qpushb qwork1b qwork8b; leaf nodes (nats-server >= 2.10): "
+                                      "leafin leafout.")
 @click.option("--peers", default="nats,redis", show_default=True,
               help="Servers to compare with, started on free loopback ports if installed: nats, redis (or none). "
                    "The work-queue scenarios run on Redis Streams and, with nats, on nats-server JetStream.")

@@ -57,12 +57,14 @@ class Generator:
 
     # -- connect --------------------------------------------------------------------------------------------
     def connect(self, host: str, port: int, wire: str, pubs: int, subs: int, ids: bool,
-                tls: dict | None = None) -> dict:
-        """``tls``: ``{"ca": PEM file}`` to connect with TLS, verifying the server's certificate with it."""
+                tls: dict | None = None, sub_port: int | None = None) -> dict:
+        """``tls``: ``{"ca": PEM file}`` to connect with TLS, verifying the server's certificate with it.
+        ``sub_port``: the subscribers' server, where it is not the publishers' (the leaf scenarios: one on the
+        hub, the other on the leaf)."""
         self.wire = WIRES[wire]
         self.tls = ssl.create_default_context(cafile=tls["ca"]) if tls else None
         self.pubs = [self._open(host, port) for _ in range(pubs)]
-        self.subs = [self._open(host, port) for _ in range(subs)]
+        self.subs = [self._open(host, port if sub_port is None else sub_port) for _ in range(subs)]
         out = {"pubs": [], "subs": []}
         if ids:
             out["pubs"] = [self._cid(s) for s in self.pubs]

@@ -15,7 +15,7 @@ import os
 import time
 import urllib.request
 
-from shardbroker.cli.bench import loadgen, qload, servers
+from shardbroker.cli.bench import leaf, loadgen, qload, servers
 from shardbroker.cli.bench.scenarios import Scenario, Target
 
 
@@ -71,6 +71,8 @@ class OneRun:
             return self._connections(sc, target, server, port, gens)
         if sc.queue:
             return self._queue_run(sc, target, server, port, gens)
+        if sc.leaf:
+            return self._leaf_run(sc, target, server, gens)
         # Publishers on the first generator, subscribers spread over the others (all of them when alone);
         # N→N spreads both over every generator.
         sub_gens = gens if sc.distinct else (gens[1:] or gens)
@@ -95,6 +97,51 @@ class OneRun:
         _ask(plan, lambda gid, p, s: {"op": "close"})
         res = self._measure(sc, plan, replies, pub_subjects, sub_subjects, start)
         res.update(_cpu(cpu, res["delivered"], gen_cpu))
+        return res
+
+    def _leaf_run(self, sc: Scenario, target: Target, server: servers.Server, gens: list) -> dict:
+        """A leaf scenario: the same generators as the fan-outs, the publishers connected to one side (``in``: the
+        hub; ``out``: the leaf, ``server``) and the subscribers to the other, on a subject of the run's own (the
+        interest of an earlier run's subscribers may still be leaving the hub); publishing begins once their
+        interest has reached the publisher's side (cli/bench/leaf.py).  The CPU counted is the leaf's; the hub's
+        is in the run's ``hub_cpu_seconds``."""
+        hub = self.servers["nats-hub"]
+        ours = target.server == "shardbroker-leaf"
+        pub_port, sub_port = ((hub.ports["nats"], server.ports["nats"]) if sc.leaf == "in"
+                              else (server.ports["nats"], hub.ports["nats"]))
+        sub_gens, pub_gens = gens[1:] or gens, gens[:1]
+        plan: dict[int, list] = {}
+        for g, n in zip(pub_gens, _spread(sc.pubs, len(pub_gens))):
+            plan.setdefault(id(g), [g, 0, 0])[1] = n
+        for g, n in zip(sub_gens, _spread(sc.subs, len(sub_gens))):
+            plan.setdefault(id(g), [g, 0, 0])[2] = n
+        ids = _ask(plan, lambda gid, p, s: {"op": "connect", "host": "127.0.0.1", "port": pub_port,
+                                           "sub_port": sub_port, "wire": "nats", "pubs": p, "subs": s,
+                                           "ids": ours and sc.leaf == "out"})
+        subject = f"bench.{sc.name}.{len(self.results)}"
+        pub_subjects = {gid: [subject] * p for gid, (_, p, _) in plan.items()}
+        sub_subjects = {gid: [subject] * s for gid, (_, _, s) in plan.items()}
+        _ask(plan, lambda gid, p, s: {"op": "subscribe", "subjects": [[x] for x in sub_subjects[gid]]})
+        if sc.leaf == "in":
+            waited = leaf.wait_hub_interest(hub, server, subject, ours)
+        else:
+            waited = leaf.probe_leaf_interest(hub.ports["nats"], server, subject, ours,
+                                              [cid for reply in ids.values() for cid in reply["pubs"]])
+        links, slow = leaf.link_state(hub, ours)
+        start = time.monotonic() + 0.3
+        cpu, hub_cpu, gen_cpu = server.cpu_seconds(), hub.cpu_seconds(), self._gen_cpu()
+        replies = _ask(plan, lambda gid, p, s: {
+            "op": "run", "subjects": pub_subjects[gid], "size": self.opts.payload, "start": start,
+            "duration": self.opts.duration, "count": sc.count})
+        cpu, hub_cpu, gen_cpu = server.cpu_seconds() - cpu, hub.cpu_seconds() - hub_cpu, self._gen_cpu() - gen_cpu
+        links_after, slow_after = leaf.link_state(hub, ours)
+        _ask(plan, lambda gid, p, s: {"op": "close"})
+        res = self._measure(sc, plan, replies, pub_subjects, sub_subjects, start)
+        res.update(_cpu(cpu, res["delivered"], gen_cpu))
+        # links_cut: the leaf's connections to the hub that were gone at the end of the run (cut, or redialled);
+        # hub_slow_consumers: the times the hub found a leaf connection too slow meanwhile
+        res.update(hub_cpu_seconds=round(hub_cpu, 3), interest_wait_s=round(waited, 3),
+                   links_cut=len(links - links_after), hub_slow_consumers=slow_after - slow)
         return res
 
     def _subjects(self, sc: Scenario, server: servers.Server, plan: dict, ids: dict) -> tuple[dict, dict]:

@@ -26,6 +26,10 @@ def table(result: dict) -> str:
             loss = f"{row['loss']:,}"
         if row.get("duplicates"):
             loss += f" +{row['duplicates']:,} dup"
+        if row.get("hub_slow_consumers"):   # the leaf scenarios: the hub found the leaf's link too slow
+            loss += f" {row['hub_slow_consumers']:,} slow"
+        if row.get("links_cut"):
+            loss += f" {row['links_cut']:,} cut"
         if row.get("refused"):   # pushes the server turned down (queue_full): the rate is not the push rate
             loss += f" {row['refused']:,} refused"
         ratio = lambda key: f"{row[key]:.2f}x" if row.get(key) is not None else ""  # noqa: E731
@@ -33,7 +37,8 @@ def table(result: dict) -> str:
         if "goal" in row:
             g = row["goal"]
             sign = "≤" if row["kind"] == "latency" else "≥"
-            goal = f"{sign}{g['target']}x {g['vs']}: {'met' if g['met'] else 'MISSED'}"
+            lossless = ", 0 lost" if g.get("lossless") else ""   # the leaf scenarios' goal: nothing lost as well
+            goal = f"{sign}{g['target']}x {g['vs']}{lossless}: {'met' if g['met'] else 'MISSED'}"
         cpu, gen = (f"{row[key]:.2f}" if row.get(key) is not None else "" for key in ("cpu_us_per_msg",
                                                                                        "gen_cpu_us_per_msg"))
         lines.append(f"{row['title'][:34]:34} {row['target']:{width}} {value:>28} {loss:>8} {cpu:>10} {gen:>10} "
@@ -46,6 +51,15 @@ def table(result: dict) -> str:
                  f"{result['options']['duration']} s, medians shown; cpu µs/msg: the server's CPU time (all its "
                  f"processes and threads) over a run, per message delivered; gen µs/msg: the load generators' the "
                  f"same way")
+    setup = result.get("leaf")   # only with the leaf scenarios
+    if setup:
+        hub = setup["hub"]
+        links = ", ".join(f"{name} {c or '?'}" for name, c in setup["compression"].items())
+        theirs = ("the nats-server leaf the same binary, compression off on its link, as this broker has none; "
+                  "vs nats: shardbroker/leaf over nats-server/leaf; " if setup.get("nats_leaf") else "")
+        lines.append(f"leaf scenarios: hub nats-server {hub['version']} ({hub['binary']}); this broker with one leaf "
+                     f"connection per worker ({setup['broker_links']}); {theirs}the hub's /leafz compression: {links}; "
+                     f"cpu µs/msg: the leaf's")
     writes = result.get("writes")   # older results have none
     if writes:
         lines.append("written to: " + ", ".join(f"{name} {w['dir']} ({w['filesystem'] or 'unknown'})"

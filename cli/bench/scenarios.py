@@ -9,6 +9,11 @@ JetStream (a work-queue stream in memory and a durable pull consumer, on a
 server started with ``-js`` for them).  Each run uses a fresh queue, checks afterwards that every acknowledged
 push was stored (``qpush``) or acked exactly once (the others), and removes the queue (cli/bench/measure.py).
 
+The leaf scenarios (``leafin``, ``leafout``; only when named with ``-s``) run the same NATS traffic through a hub
+nats-server and a leaf of it: this broker with a ``leafnodes`` remote to the hub (``shardbroker/leaf``) against a
+nats-server leaf of the same hub (``nats-server/leaf``, with ``--peers nats``); the hub and that leaf are the newest
+nats-server installed, 2.10 at least (cli/bench/leaf.py has how a run waits for the interest to cross).
+
 The run that alternates the targets through the scenarios is cli/bench/runner.py; what one scenario on one target
 does and measures, cli/bench/measure.py.
 """
@@ -26,6 +31,14 @@ class Target:
     pubsub: bool = True     # runs the pub/sub scenarios
     queues: bool = False    # runs the work-queue scenarios
     tls: bool = False       # clients connect with TLS (--tls); not in the connection-scale scenario
+    leaf: bool = False      # a leaf node of the bench's hub: runs the leaf scenarios (and only those)
+
+    def runs(self, sc: Scenario) -> bool:
+        """Whether this target takes part in ``sc``: leaves in the leaf scenarios, queue targets in the queue ones,
+        pub/sub targets in the others."""
+        if sc.leaf:
+            return self.leaf
+        return self.queues if sc.queue else self.pubsub
 
 
 ALL_TARGETS = [
@@ -41,14 +54,23 @@ ALL_TARGETS = [
     Target("shardbroker/nats-tls", "shardbroker-tls", "nats", tls=True),
     Target("shardbroker/ndjson-tls", "shardbroker-tls", "ndjson", tls=True),
     Target("nats-server-tls", "nats-server-tls", "nats", tls=True),
+    # The leaf scenarios (-s leafin,leafout): this broker with a leafnodes remote to the bench's hub (a nats-server),
+    # and a nats-server leaf of the same hub (with --peers nats), compression off on its link
+    Target("shardbroker/leaf", "shardbroker-leaf", "nats", pubsub=False, leaf=True),
+    Target("nats-server/leaf", "nats-server-leaf", "nats", pubsub=False, leaf=True),
 ]
-OURS = ("shardbroker", "shardbroker-nojournal", "shardbroker-tls")
+OURS = ("shardbroker", "shardbroker-nojournal", "shardbroker-tls", "shardbroker-leaf")
 QUEUE_RATE = 2000.0     # pushes per second in ``qlatency`` (Options.qrate)
 # The receive+ack scenarios' goal (at or above Redis Streams), like for like: the journal, written before every
 # reply, against Redis with its append-only file, which Redis also writes before every reply; and the broker with
 # its journal off against Redis with nothing on disk.  Every row still shows its ratio to Redis with nothing on
 # disk (``vs redis``): docs/performance.md, "Which Redis is the yardstick".
 QUEUE_GOALS = (("shardbroker/ndjson", "redis-aof", 1.0), ("shardbroker/ndjson-nojournal", "redis", 1.0))
+# The leaf scenarios' goal (issue 40): this broker as a leaf at 0.8x nats-server as a leaf of the same hub, or better
+LEAF_GOALS = (("shardbroker/leaf", "nats-server/leaf", 0.8),)
+# Not in the default set (cli/main.py's -s): they need a nats-server >= 2.10 as the hub, which the main table's
+# peers do not (Debian's is 2.9), and they measure a link to another server rather than the broker's own clients.
+LEAF_SCENARIOS = ("leafin", "leafout")
 
 
 @dataclass(frozen=True)
@@ -74,6 +96,8 @@ class Scenario:
     wait_ms: int = 1000     # a receive's long poll
     drain: bool = False     # consumers start once the producer is done (count: pushes at most): receive+ack alone
     push_batch: int = 1     # messages per push request (this broker's batch qpush; Redis: that many XADDs)
+    # leaf scenarios: "in": the publishers on the hub, the subscribers on the leaf; "out": the reverse
+    leaf: str = ""
 
 
 def scenarios(nn: int, wide: int, rate: float, connections: int, qrate: float = QUEUE_RATE) -> dict[str, Scenario]:
@@ -112,6 +136,12 @@ def scenarios(nn: int, wide: int, rate: float, connections: int, qrate: float = 
                  consumer_at="other", push_batch=100, goals=QUEUE_GOALS),
         Scenario("qwork8b", "queue batch push→recv+ack 1→8", "throughput", 1, 8, queue=True, producer_at="owner",
                  consumer_at="other", push_batch=100, goals=QUEUE_GOALS),
+        # Leaf nodes: the same NATS traffic through a hub (a nats-server) and a leaf of it, this broker or a
+        # nats-server (cli/bench/leaf.py).  In: the hub's publisher to subscribers on the leaf, which fans out
+        # (this broker receives one copy per worker with subscribers, over each worker's own link).  Out: a
+        # publisher on the leaf, which forwards every message over its link to the hub's subscriber.
+        Scenario("leafin", "leaf: hub → leaf, 1→10", "throughput", 1, 10, leaf="in", goals=LEAF_GOALS),
+        Scenario("leafout", "leaf: leaf → hub, 1→1", "throughput", 1, 1, leaf="out", goals=LEAF_GOALS),
     ]}
 
 

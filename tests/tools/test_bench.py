@@ -128,6 +128,40 @@ def test_tiny_bench_with_tls(tmp_path):
     assert not servers_left(tag), "the bench left servers running"
 
 
+def test_tiny_leaf_bench(tmp_path):
+    """-s leafin,leafout: a hub nats-server (the newest installed, 2.10 at least), this broker as its leaf and a
+    nats-server leaf of it, the same traffic through each; the ratio of the two leaves, and nothing lost."""
+    from shardbroker.cli.bench.servers import NATS_LEAF_NAME, newest_nats_server
+
+    binary, version, found = newest_nats_server()
+    if binary is None:
+        pytest.skip(f"the leaf scenarios need nats-server >= 2.10; found {found or 'none'}")
+    env, tag = tagged()
+    res = subprocess.run(
+        [sys.executable, "-m", "shardbroker.cli", "bench", "-s", "leafin,leafout", "--rounds", "1", "--duration", "0.3",
+         "--peers", "nats", "--workers", "2", "--out", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "hub → leaf" in res.stdout and "leaf → hub" in res.stdout
+    assert "≥0.8x nats-server/leaf, 0 lost: " in res.stdout and f"hub nats-server {version}" in res.stdout
+    result = json.loads(next(tmp_path.glob("bench-*.json")).read_text())
+    rows = {(row["scenario"], row["target"]): row for row in result["summary"]}
+    assert set(rows) == {(s, t) for s in ("leafin", "leafout") for t in ("shardbroker/leaf", "nats-server/leaf")}
+    for row in rows.values():
+        assert row["msgs_per_sec"] > 0 and row["expected"] > 0, row
+        assert row["loss"] == 0, f"{row['scenario']} on {row['target']}: {row['loss']:,} of {row['expected']:,} lost"
+        assert row["cpu_us_per_msg"] > 0, row
+    for scenario in ("leafin", "leafout"):
+        ours = rows[scenario, "shardbroker/leaf"]
+        assert rows[scenario, "nats-server/leaf"]["vs_nats"] == 1.0 and ours["vs_nats"] > 0
+        assert ours["goal"]["vs"] == "nats-server/leaf" and ours["goal"]["target"] == 0.8 and ours["goal"]["lossless"]
+    setup = result["leaf"]
+    assert setup["hub"]["binary"] == binary and setup["broker_links"] == 2
+    assert setup["compression"][NATS_LEAF_NAME] == "off"   # like for like: this broker's link has no compression
+    assert set(result["servers"]) == {"nats-hub", "shardbroker-leaf", "nats-server-leaf"}   # the leaf runs' alone
+    assert not servers_left(tag), "the bench left servers running"
+
+
 class _CountingSocket:
     """A socket whose ``send`` calls are counted (everything else is the socket's)."""
 
