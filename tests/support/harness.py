@@ -34,7 +34,30 @@ READY = re.compile(r"ready: (.*) workers=(\d+) pids=([\d,]+)")
 T = TypeVar("T")   # a connection of any kind (landed)
 
 
-class Broker:
+class LogFile:
+    """A server's log file (``log_path``), read and waited on: the broker's and a nats-server's (natshub)."""
+
+    log_path: Path
+    name = "broker"
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def wait_log(self, pattern: str, timeout: float = 10.0, after: int = 0) -> re.Match:
+        deadline = time.monotonic() + timeout
+        rx = re.compile(pattern)
+        while time.monotonic() < deadline:
+            m = rx.search(self.log(), after)
+            if m:
+                return m
+            time.sleep(0.05)
+        raise AssertionError(f"{self.name}'s log never matched {pattern!r}:\n{self.log()[-8000:]}")
+
+
+class Broker(LogFile):
     def __init__(self, tmp: Path, workers: int = 2, config: dict | None = None, args: list[str] = (),
                  grace: float = 5.0, env: dict | None = None, pass_fds: tuple[int, ...] = (),
                  prefix: list[str] = ()) -> None:
@@ -83,22 +106,6 @@ class Broker:
             time.sleep(0.01)   # a start takes ~0.3 s, and the suite starts some 450 brokers: look often
         self.kill()
         raise RuntimeError(f"broker not ready in {timeout}s:\n{self.log()}")
-
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def wait_log(self, pattern: str, timeout: float = 10.0, after: int = 0) -> re.Match:
-        deadline = time.monotonic() + timeout
-        rx = re.compile(pattern)
-        while time.monotonic() < deadline:
-            m = rx.search(self.log(), after)
-            if m:
-                return m
-            time.sleep(0.05)
-        raise AssertionError(f"log never matched {pattern!r}:\n{self.log()}")
 
     def group(self) -> list[psutil.Process]:
         """Every live process of the broker's session (supervisor, workers)."""

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from support.harness import LogFile
+
 MIN_VERSION = (2, 10)
 
 
@@ -69,7 +71,7 @@ def _conf(obj: dict) -> str:
     return "".join(f"{key}: {json.dumps(value)}\n" for key, value in obj.items())
 
 
-class NatsServer:
+class NatsServer(LogFile):
     """One nats-server.  Ports (client, http, leafnode, cluster) are chosen here, once.
 
     ``remotes``: leafnode remotes, each a URL (``hub.leaf_url``) or a remote's whole dict (``{"url": ...,
@@ -244,22 +246,6 @@ class NatsServer:
         return f"<NatsServer {self.name} client={self.port} leaf={self.leaf_port} http={self.http_port}>"
 
     # -- looking at it ------------------------------------------------------------------------------------------
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def wait_log(self, pattern: str, timeout: float = 10.0, after: int = 0) -> re.Match:
-        deadline = time.monotonic() + timeout
-        rx = re.compile(pattern)
-        while time.monotonic() < deadline:
-            m = rx.search(self.log(), after)
-            if m:
-                return m
-            time.sleep(0.05)
-        raise AssertionError(f"{self.name}'s log never matched {pattern!r}:\n{self.log()[-4000:]}")
-
     def http(self, path: str, timeout: float = 5.0) -> dict:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}{path}", timeout=timeout) as resp:
             return json.loads(resp.read())

@@ -8,7 +8,8 @@ The parser follows nats-server's (server/parser.go) as a hub speaks it:
 - ``LMSG <subject> [<reply> | "|" q… | "+" <reply> q…] <size>`` and ``HMSG`` with ``<header size> <total size>``;
 - a control line longer than ``max_control_line`` (nats-server allows a leaf 64 KB) is an error while it is still
   arriving, and a message over ``max_payload`` on its control line: a hub cannot make a worker buffer more.
-A payload is sliced out by its declared size, never scanned.
+A payload is sliced out by its declared size, never scanned (``Framing``: nats-server's framing, which the client
+protocol's parser shares).
 
 ``feed`` returns events as tuples, in order; after an ``ERR`` event nothing more is parsed (the link logs it and
 redials).  Messages come as ``(MSG, subject, reply, queues, headers, payload)`` with bytes throughout and
@@ -19,89 +20,26 @@ from __future__ import annotations
 
 import orjson
 
+from shardbroker.workers.protocols.nats.codec import Framing
+
 INFO, LS_ADD, LS_DEL, MSG, PING, PONG, OK, ERR, REMOTE_ERR = range(9)
 
 CRLF = b"\r\n"
 PING_LINE = b"PING\r\n"
 PONG_LINE = b"PONG\r\n"
 CONTROL_LINE_MAX = 64 * 1024   # nats-server's leaf limit: 16 × max_control_line
-_LARGE = 65536
 
 
-class Parser:
-    __slots__ = ("max_control_line", "max_payload", "_buf", "_chunks", "_have", "_want", "_pending", "_dead")
+class Parser(Framing):
+    """What a hub sends, as events; the framing is nats-server's, shared with its client protocol."""
+
+    __slots__ = ()
+    _ERR = ERR
+    _LONG_LINE = (ERR, "a control line over the limit")
+    _BAD_END = (ERR, "a message's payload is not followed by CRLF")
 
     def __init__(self, max_payload: int, max_control_line: int = CONTROL_LINE_MAX) -> None:
-        self.max_control_line = max_control_line
-        self.max_payload = max_payload
-        self._buf = b""
-        self._chunks: list[bytes] = []
-        self._have = 0
-        self._want = 0
-        self._pending: tuple | None = None   # (subject, reply, queues, header size or -1) waiting for its payload
-        self._dead = False
-
-    def feed(self, data: bytes) -> list[tuple]:
-        if self._dead:
-            return []
-        out: list[tuple] = []
-        if self._pending is not None and self._chunks:
-            self._chunks.append(data)
-            self._have += len(data)
-            if self._have < self._want:
-                return out
-            data = b"".join(self._chunks)
-            self._chunks = []
-        buf = self._buf + data if self._buf else data
-        pos, n = 0, len(buf)
-        max_line = self.max_control_line
-        while pos < n:
-            pending = self._pending
-            if pending is not None:
-                end = pos + self._want
-                if end > n:
-                    if self._want > _LARGE:   # gather the rest without re-copying the buffer per read
-                        self._chunks = [buf[pos:]]
-                        self._have = n - pos
-                        self._buf = b""
-                        return out
-                    break
-                if buf[end - 2:end] != CRLF:
-                    return self._fail(out, "a message's payload is not followed by CRLF")
-                subject, reply, queues, hdr = pending
-                if hdr < 0:
-                    out.append((MSG, subject, reply, queues, None, buf[pos:end - 2]))
-                else:
-                    out.append((MSG, subject, reply, queues, buf[pos:pos + hdr], buf[pos + hdr:end - 2]))
-                self._pending = None
-                pos = end
-                continue
-            nl = buf.find(b"\n", pos)
-            if nl < 0:
-                if n - pos - (buf[n - 1] == 13) > max_line:
-                    return self._fail(out, f"a control line longer than {max_line} bytes")
-                break
-            end = nl - 1 if nl > pos and buf[nl - 1] == 13 else nl
-            if end - pos > max_line:
-                return self._fail(out, f"a control line longer than {max_line} bytes")
-            line = buf[pos:end]
-            pos = nl + 1
-            event = self._control(line)
-            if event is None:
-                continue   # a message waiting for its payload
-            if event[0] == ERR:
-                return self._fail(out, event[1])
-            out.append(event)
-        self._buf = buf[pos:] if pos < n else b""
-        return out
-
-    def _fail(self, out: list[tuple], reason: str) -> list[tuple]:
-        out.append((ERR, reason))
-        self._dead = True
-        self._buf = b""
-        self._chunks = []
-        self._pending = None
-        return out
+        super().__init__(max_control_line, max_payload)
 
     def _control(self, line: bytes) -> tuple | None:
         args = line.split()
@@ -175,7 +113,7 @@ class Parser:
                 return (ERR, "malformed LMSG size")
         if total > self.max_payload:
             return (ERR, f"a message of {total} bytes, over max_payload {self.max_payload}")
-        self._pending = (subject, reply, queues, hdr)
+        self._pending = ((MSG, subject, reply, queues), hdr)
         self._want = total + 2
         return None
 

@@ -47,19 +47,31 @@ def info(fields: bytes) -> bytes:
     return b"INFO " + fields + b" \r\n"
 
 
-class Parser:
+class Framing:
+    """nats-server's framing, which its client and leafnode protocols share: control lines, each message's payload
+    (with its header block) sliced out by its declared size.  A protocol's parser gives ``_control`` (a line to an
+    item, or None when it set ``_pending``/``_want`` for a payload) and the items its errors are, ``_LONG_LINE``
+    and ``_BAD_END``; ``_scan``, where given, takes runs of messages ahead of the line-by-line path (NATS' PUBs)."""
+
     __slots__ = ("max_control_line", "max_payload", "_buf", "_chunks", "_have", "_want", "_pending", "_dead", "_scan")
+    _ERR = OP_ERR          # the first field of an error item: the parser stops after one
+    _LONG_LINE: tuple = (OP_ERR, ERR_CONTROL_LINE)
+    _BAD_END: tuple = (OP_ERR, ERR_UNKNOWN_OP)   # a payload not followed by CRLF
 
     def __init__(self, max_control_line: int, max_payload: int, scan=None) -> None:
-        self._scan = scan or scan_pubs   # tests pass each implementation in turn (workers.speedups)
+        self._scan = scan
         self.max_control_line = max_control_line
         self.max_payload = max_payload
         self._buf = b""
         self._chunks: list[bytes] = []      # a large payload still arriving
         self._have = 0
         self._want = 0                      # bytes needed (payload + CRLF) before _pending completes
-        self._pending: tuple | None = None  # (subject, reply, header length or -1) waiting for its payload
+        # (the message's item without headers and payload, header length or -1), waiting for its payload
+        self._pending: tuple | None = None
         self._dead = False
+
+    def _control(self, line: bytes) -> tuple | None:
+        raise NotImplementedError
 
     def feed(self, data: bytes) -> list[tuple]:
         if self._dead:
@@ -88,35 +100,36 @@ class Parser:
                         return out
                     break
                 if buf[end - 2:end] != CRLF:
-                    return self._fail(out, (OP_ERR, ERR_UNKNOWN_OP))
-                subject, reply, hdr = pending
+                    return self._fail(out, self._BAD_END)
+                head, hdr = pending
                 if hdr < 0:
-                    out.append((OP_PUB, subject, reply, None, buf[pos:end - 2]))
+                    out.append((*head, None, buf[pos:end - 2]))
                 else:
-                    out.append((OP_PUB, subject, reply, buf[pos:pos + hdr], buf[pos + hdr:end - 2]))
+                    out.append((*head, buf[pos:pos + hdr], buf[pos + hdr:end - 2]))
                 self._pending = None
                 pos = end
                 continue
-            subject, reply, payloads, after = scan(buf, pos, max_line, max_payload)
-            if payloads:
-                out.append((OP_PUBS, subject, reply, payloads))
-                pos = after
-                continue
+            if scan is not None:
+                subject, reply, payloads, after = scan(buf, pos, max_line, max_payload)
+                if payloads:
+                    out.append((OP_PUBS, subject, reply, payloads))
+                    pos = after
+                    continue
             nl = buf.find(b"\n", pos)
             if nl < 0:
                 # a CR at the end may be the CRLF's: the line is too long only without it (split or not, the same)
                 if n - pos - (buf[n - 1] == 13) > max_line:
-                    return self._fail(out, (OP_ERR, ERR_CONTROL_LINE))
+                    return self._fail(out, self._LONG_LINE)
                 break
             end = nl - 1 if nl > pos and buf[nl - 1] == 13 else nl
             if end - pos > max_line:
-                return self._fail(out, (OP_ERR, ERR_CONTROL_LINE))
+                return self._fail(out, self._LONG_LINE)
             line = buf[pos:end]
             pos = nl + 1
             cmd = self._control(line)
             if cmd is None:
-                continue  # a PUB waiting for its payload
-            if cmd[0] == OP_ERR:
+                continue  # a message waiting for its payload
+            if cmd[0] == self._ERR:
                 return self._fail(out, cmd)
             out.append(cmd)
         self._buf = buf[pos:] if pos < n else b""
@@ -127,7 +140,16 @@ class Parser:
         self._dead = True
         self._buf = b""
         self._chunks = []
+        self._pending = None
         return out
+
+
+class Parser(Framing):
+    __slots__ = ()
+
+    def __init__(self, max_control_line: int, max_payload: int, scan=None) -> None:
+        # tests pass each implementation of scan_pubs in turn (workers.speedups)
+        super().__init__(max_control_line, max_payload, scan or scan_pubs)
 
     def _control(self, line: bytes) -> tuple | None:
         args = line.split()
@@ -148,7 +170,7 @@ class Parser:
                 return _PROTOCOL_VIOLATION
             if nbytes > self.max_payload:
                 return (OP_ERR, ERR_MAX_PAYLOAD)
-            self._pending = (subject, reply, -1)
+            self._pending = ((OP_PUB, subject, reply), -1)
             self._want = nbytes + 2
             return None
         if verb == b"HPUB":
@@ -163,7 +185,7 @@ class Parser:
                 return _PROTOCOL_VIOLATION
             if total > self.max_payload:
                 return (OP_ERR, ERR_MAX_PAYLOAD)
-            self._pending = (subject, reply, hdr)
+            self._pending = ((OP_PUB, subject, reply), hdr)
             self._want = total + 2
             return None
         if verb == b"SUB":
