@@ -223,6 +223,10 @@ class QueuesConfig:
     max_message_bytes: int = field(default=1 << 20, metadata=_meta(1, 64 << 20))
     max_messages: int = field(default=1_000_000, metadata=_meta(1, 1_000_000_000))
     max_bytes: int = field(default=256 << 20, metadata=_meta(1024, 1 << 40))
+    # How long a push's dedup_id is remembered (and a resent push recognised): at least this many seconds, bounded
+    # too by history.LIMIT ids per queue and a worker's budget (docs/queues.md).  Spark's sink needs it to outlive
+    # a restart of its query (docs/spark.md).
+    dedup_window: float = field(default=300.0, metadata=_meta(1, 7 * 86400))
     queues: list[QueueDefinition] = field(default_factory=list)
     # Queues a client's push or long poll may bring one worker to (an empty queue costs ~4.5 KB, and a client may
     # name any number of them); a queue empty and untouched for forget_idle seconds (up to twice that) is forgotten

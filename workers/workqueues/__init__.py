@@ -38,7 +38,8 @@ def settings(config: Config) -> tuple[Settings, dict[str, Settings]]:
     """The defaults, and each configured queue's settings (its keys over the defaults)."""
     q = config.queues
     base = Settings(visibility_ms=int(q.visibility_timeout * 1000), max_deliveries=q.max_deliveries,
-                    max_message_bytes=q.max_message_bytes, max_messages=q.max_messages, max_bytes=q.max_bytes)
+                    max_message_bytes=q.max_message_bytes, max_messages=q.max_messages, max_bytes=q.max_bytes,
+                    dedup_window_s=q.dedup_window)
     configured = {}
     for d in q.queues:
         changes = {key: getattr(d, key) for key in ("max_deliveries", "max_message_bytes", "max_messages",

@@ -40,6 +40,7 @@ import heapq
 from collections.abc import Callable, Iterator
 
 from shardbroker.workers.workqueues import core
+from shardbroker.workers.workqueues.attempts import Attempts
 from shardbroker.workers.workqueues.history import History
 from shardbroker.workers.workqueues.messages import DATA, ENQUEUED, ID, L_DEADLINE, L_SEQ, MS, PRIORITY, SEQ
 from shardbroker.workers.workqueues.queue_leases import DEADLINES_SLACK, Leases
@@ -81,7 +82,8 @@ class Queue(Pushes, Leases):
         # an entry in ``_recent``, which would make a shared history settle the acks' batches each time
         self._acks = History()
         self.dead: list[tuple[tuple, int, str]] = []   # (message, deliveries, reason) for the shard to push to the DLQ
-        self.tokens = History()    # push token -> id(s), as long
+        self.tokens = History(seconds=settings.dedup_window_s)    # push token -> id(s), queues.dedup_window
+        self.attempts = Attempts()   # receives named by an attempt id, and their leases (attempts.py)
         self.next_seq = 1
         self.bytes = 0
         self.pushed = self.delivered = self.redelivered = self.acked = self.nacked = self.dead_lettered = 0

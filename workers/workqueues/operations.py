@@ -51,13 +51,17 @@ OPERATIONS: tuple[Operation, ...] = (
               ndjson="qpush", nats="PUSH", qlite=("PUSH",)),
     # a run of pushes to one queue, gathered by a protocol from one read: one request to the owner
     Operation("pushes", (), PUBLISH, tokened=True, makes=True),
-    Operation("recv", (("max", "int"), ("wait_ms", "int"), ("visibility_ms", "int"), ("release_on_close", "bool")),
+    # ``attempt``: an id that makes the receive idempotent (attempts.py)
+    Operation("recv", (("max", "int"), ("wait_ms", "int"), ("visibility_ms", "int"), ("release_on_close", "bool"),
+                       ("attempt", "str")),
               SUBSCRIBE, makes=True, waits=True, ndjson="qrecv", nats="RECV",
-              nats_body=("batch", "expires", "no_wait", "visibility_ms", "release_on_close"), qlite=("HIDE", "POLL")),
-    Operation("ack", (("receipt", "str"), ("receipts", "list")), SUBSCRIBE, ndjson="qack", nats="ACK",
-              qlite=("DEL",)),
-    Operation("extend", (("receipt", "str"), ("visibility_ms", "int")), SUBSCRIBE, ndjson="qextend",
-              qlite=("EXT",)),   # NATS: an ack with +WPI
+              nats_body=("batch", "expires", "no_wait", "visibility_ms", "release_on_close", "attempt"),
+              qlite=("HIDE", "POLL")),
+    # ``attempts``: the leases of those receives, as a group
+    Operation("ack", (("receipt", "str"), ("receipts", "list"), ("attempts", "list")), SUBSCRIBE, ndjson="qack",
+              nats="ACK", qlite=("DEL",)),
+    Operation("extend", (("receipt", "str"), ("visibility_ms", "int"), ("attempts", "list")), SUBSCRIBE,
+              ndjson="qextend", qlite=("EXT",)),   # NATS: an ack with +WPI
     Operation("nack", (("receipt", "str"), ("delay_ms", "int")), SUBSCRIBE, ndjson="qnack",
               nats_body=("delay",), qlite=("NACK",)),   # NATS: an ack with -NAK and that body
     Operation("dead", (("receipt", "str"),), SUBSCRIBE, ndjson="qdead"),   # NATS: an ack with +TERM

@@ -40,6 +40,7 @@ class Settings:
     max_message_bytes: int = 1 << 20
     max_messages: int = 1_000_000
     max_bytes: int = 256 << 20
+    dedup_window_s: float = 300.0                   # a push token (dedup_id) is remembered at least this long
 
 
 def is_dlq(name: str) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import time
 
+from shardbroker.workers.workqueues.attempts import check_id
 from shardbroker.workers.workqueues.messages import MS
 from shardbroker.workers.workqueues.model import Queue
 from shardbroker.workers.workqueues.rules import QueueError
@@ -28,10 +29,10 @@ DENIED = {"ok": False, "error": "permission_denied"}
 class Waiter:
     """A long poll waiting in its queue's FIFO for messages, until its deadline."""
 
-    __slots__ = ("reply", "holder", "user", "max", "visibility", "release", "deadline", "done")
+    __slots__ = ("reply", "holder", "user", "max", "visibility", "release", "deadline", "done", "attempt")
 
     def __init__(self, reply: Reply, holder: tuple, user: str | None, count: int, visibility: int, release: bool,
-                 deadline: int) -> None:
+                 deadline: int, attempt: str | None = None) -> None:
         self.reply = reply
         self.holder = holder
         self.user = user   # who waits (security on), asked again whether it may receive when it is served
@@ -40,6 +41,7 @@ class Waiter:
         self.release = release
         self.deadline = deadline
         self.done = False
+        self.attempt = attempt   # the receive's attempt id (attempts.py), remembered with what it leases
 
 
 class Receiving:
@@ -55,6 +57,9 @@ class Receiving:
         release = args.get("release_on_close", False)
         if type(release) is not bool:   # "yes" was taken for true
             raise QueueError("invalid_release_on_close")
+        attempt = args.get("attempt")
+        if attempt is not None:
+            check_id(attempt)
         user = args.get("user")
         if user is not None and not self.may_receive(user, name):
             # checked here too, at the owner: a receive still on its way when the user's permission was revoked
@@ -64,28 +69,35 @@ class Receiving:
                 return {"ok": True, "messages": []}
             q = self._opened(name, args.get("party"))
         now = time.monotonic_ns()
+        if attempt is not None:
+            again = q.attempts.replay(attempt, q.leases, now)
+            if again is not None:   # the same receive again (a retried task): the same deliveries
+                return {"ok": True, "messages": again, "replayed": True}
         if q.name in self._wake:   # waiters that arrived earlier are served first: arrival order, all workers
             del self._wake[q.name]
             self._serve(q, now)
         if q.visible or not self.waiters.get(q.name):  # else earlier waiters first
-            got = self._lease(q, count, visibility, release, holder, now)
+            got = self._lease(q, count, visibility, release, holder, now, attempt)
             if got or not wait:
                 return {"ok": True, "messages": got}
         queued = self.waiters.setdefault(q.name, collections.deque())
         if self._waiting.get(holder, 0) >= MAX_WAITERS_PER_CONNECTION or len(queued) >= MAX_WAITERS_PER_QUEUE:
             raise QueueError("too_many_waiters", retry=True)
-        waiter = Waiter(reply, holder, user, count, visibility, release, now + wait * MS)
+        waiter = Waiter(reply, holder, user, count, visibility, release, now + wait * MS, attempt)
         queued.append(waiter)
         self._waiting[holder] = self._waiting.get(holder, 0) + 1
         self._holders.setdefault(holder, set()).add(q.name)
         self._wait_until(waiter.deadline, q)
         return None
 
-    def _lease(self, q: Queue, count: int, visibility: int, release: bool, holder: tuple, now: int) -> list[tuple]:
+    def _lease(self, q: Queue, count: int, visibility: int, release: bool, holder: tuple, now: int,
+               attempt: str | None = None) -> list[tuple]:
         """-> the deliveries (``messages.D_*`` tuples), in serving order."""
         out = q.lease(now, count, visibility, holder if release else None)
         if release and out:
             self._holders.setdefault(holder, set()).add(q.name)
+        if attempt is not None and out:
+            q.attempts.record(attempt, out, now + visibility * MS)
         return out
 
     def _serve(self, q: Queue, now: int) -> None:
@@ -99,7 +111,7 @@ class Receiving:
                 self._finish(w, [], DENIED)   # revoked while it waited (recheck_waiters answers the others)
             else:   # noted: a failed journal write puts it back (_write_failed)
                 self._served.append((q.name, w, self._finish(w, self._lease(q, w.max, w.visibility, w.release,
-                                                                            w.holder, now))))
+                                                                            w.holder, now, w.attempt))))
         if queued is not None and not queued:
             del self.waiters[q.name]
 

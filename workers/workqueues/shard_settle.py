@@ -1,4 +1,5 @@
-"""A shard's requests that settle a lease: ``ack`` (one receipt or a batch), ``extend``, ``nack`` and ``dead``; and
+"""A shard's requests that settle a lease: ``ack`` (one receipt, a batch, or the leases of receives named by attempt
+ids), ``extend`` (one, or such a group), ``nack`` and ``dead``; and
 what every change that may free or dead-letter messages ends with (``_settle``): the queue's dead letters pushed to
 its DLQ, and the queues with visible messages and waiters marked to be served at the end of the turn.
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import time
 
+from shardbroker.workers.workqueues.attempts import check_ids
 from shardbroker.workers.workqueues.messages import DATA, ENQUEUED, ID, KIND, MS, PRIORITY, SOURCE
 from shardbroker.workers.workqueues.model import Queue
 from shardbroker.workers.workqueues.receipts import canonical_receipt
@@ -28,6 +30,8 @@ class Settling:
         return q
 
     def _ack(self, args: dict, holder: tuple, reply: Reply) -> dict:
+        if "attempts" in args:
+            return self._group(args, ack=True)
         many = args.get("receipts")
         if many is None:
             receipt = args.get("receipt")
@@ -52,10 +56,46 @@ class Settling:
         return self._existing(args), receipt, time.monotonic_ns()
 
     def _extend(self, args: dict, holder: tuple, reply: Reply) -> dict:
+        if "attempts" in args:
+            return self._group(args, ack=False)
         q, receipt, now = self._one(args)
         deadline = q.extend(receipt, now, args.get("visibility_ms"))  # none given: the lease's own again
         self._settle(q, now)
         return {"ok": True, "deadline_in_ms": max(0, (deadline - now) // MS)}
+
+    def _group(self, args: dict, ack: bool) -> dict:
+        """An ack or an extend of every live lease of the receives named by ``attempts`` (attempts.py): what each
+        lease's own ack or extend would do, in one request.  -> counts: done (an ack of one acked already counts
+        as done), lost (the lease ended otherwise: expired, the message visible again), and the attempt ids
+        unknown here (acked before, swept, or never seen)."""
+        attempts = check_ids(args.get("attempts"), MAX_BATCH)
+        q = self._look_up(args.get("queue"))
+        if q is None:
+            return {"ok": True, "acked" if ack else "extended": 0, "lost": 0, "unknown": attempts}
+        now = time.monotonic_ns()
+        receipts, unknown = q.attempts.receipts(attempts, forget=ack)
+        done = lost = 0
+        if ack:
+            for start in range(0, len(receipts), MAX_BATCH):
+                for result in q.ack_many(receipts[start:start + MAX_BATCH], now):
+                    if result["ok"]:
+                        done += 1
+                    else:
+                        lost += 1
+        else:
+            visibility = args.get("visibility_ms")
+            latest = 0
+            for receipt in receipts:
+                try:
+                    latest = max(latest, q.extend(receipt, now, visibility))
+                    done += 1
+                except QueueError as exc:
+                    if exc.code == "invalid_visibility":
+                        raise
+                    lost += 1
+            q.attempts.extended(attempts, latest)
+        self._settle(q, now)
+        return {"ok": True, "acked" if ack else "extended": done, "lost": lost, "unknown": unknown}
 
     def _nack(self, args: dict, holder: tuple, reply: Reply) -> dict:
         q, receipt, now = self._one(args)

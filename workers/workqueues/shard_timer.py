@@ -97,6 +97,10 @@ class Timing:
         if now >= self._trim_at:
             self._trim_at = now + _TRIM_EVERY_S
             history.trim([h for q in self.queues.values() for h in (q._recent, q._acks, q.tokens)], HISTORY_BUDGET)
+            now_ns = time.monotonic_ns()
+            for q in self.queues.values():
+                if len(q.attempts):
+                    q.attempts.sweep(now_ns)
         if now < self._compact_after:
             return
         try:
@@ -116,6 +120,8 @@ class Timing:
         for name, q in list(self.queues.items()):
             if q.messages or q.dead or name in self.waiters or name in self.configured:
                 continue
+            if len(q.tokens) and q.settings.dedup_window_s > self.forget_idle_s:
+                continue   # its dedup ids must outlive forget_idle (queues.dedup_window): kept while it has some
             activity = q.activity()
             if idle.get(name) == activity:
                 del self.queues[name]

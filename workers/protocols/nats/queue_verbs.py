@@ -151,7 +151,7 @@ def handle(session: Session, subject_b: bytes, reply: str | None, headers: bytes
                                              "max": MAX_WAIT_MS * MS})
                 return
             args["wait_ms"] = 0 if no_wait else expires // MS
-            for key in ("visibility_ms", "release_on_close"):
+            for key in ("visibility_ms", "release_on_close", "attempt"):
                 if key in body:
                     args[key] = body[key]
         elif op == "redrive":

@@ -84,6 +84,8 @@ def _render(req: dict, result: dict) -> bytes:
     messages = result.get("messages")
     if messages is not None and result.get("ok"):
         tail = b"]}\n" if rid is None else b'],"id":%s}\n' % _dumps(rid)
+        if result.get("replayed"):   # a receive named by an attempt id, answered again (attempts.py)
+            tail = b'],"replayed":true' + tail[1:]
         return b'{"ok":true,"messages":[' + core.render_deliveries(messages, KIND_JSON, _message) + tail
     if rid is not None:
         result = dict(result, id=rid)
