@@ -15,8 +15,12 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
+# An editable install serves the package through an import hook, which PySpark's search for data sources
+# (pkgutil.iter_modules over sys.path, for top-level pyspark_* modules) does not see: a .pth puts the one folder
+# that holds pyspark_shardbroker on sys.path (docs/spark.md).  An install from a wheel has it in site-packages.
 $(VENV)/.installed: $(BIN)/python pyproject.toml setup.py workers/_speedups.c workers/workqueues/_qcore.c
 	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python -c 'import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()["purelib"], "pyspark_shardbroker_dev.pth").write_text(str(pathlib.Path("cli/spark/discovery").resolve()) + "\n")'
 	@touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed

@@ -1,0 +1,43 @@
+"""The ``shardbroker`` data source: options checked on the driver, then the reader or writer for the target."""
+
+from __future__ import annotations
+
+from pyspark.sql.datasource import DataSource
+
+from shardbroker.cli.spark.options import OptionError, parse
+from shardbroker.cli.spark.rows import schema
+
+
+class ShardbrokerDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "shardbroker"
+
+    def schema(self) -> str:
+        return schema(parse(self.options, reading=True))
+
+    def streamReader(self, schema):
+        options = parse(self.options, reading=True)
+        if options.queue is not None:
+            from shardbroker.cli.spark.queue_reader import QueueStreamReader
+            return QueueStreamReader(options, schema)
+        from shardbroker.cli.spark.subject_reader import SubjectStreamReader
+        return SubjectStreamReader(options)
+
+    def reader(self, schema):
+        raise OptionError("a batch read of a queue has no commit to acknowledge it at: read it as a stream with "
+                          "Trigger.AvailableNow (docs/spark.md)")
+
+    def streamWriter(self, schema, overwrite: bool):
+        from shardbroker.cli.spark.sink import StreamWriter, check_columns
+
+        options = parse(self.options, reading=False)
+        check_columns(options, schema)
+        return StreamWriter(options)
+
+    def writer(self, schema, overwrite: bool):
+        from shardbroker.cli.spark.sink import BatchWriter, check_columns
+
+        options = parse(self.options, reading=False)
+        check_columns(options, schema)
+        return BatchWriter(options)
