@@ -19,13 +19,14 @@ class _BuildPy(build_py):
 
 
 _FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+_DISCOVERY = ["cli.spark.discovery", "cli.spark.discovery.*"]   # installed as pyspark_shardbroker, at the top
 _FOLDERS = ["cluster", "cluster.*", "workers", "workers.*", "router", "router.*", "cli", "cli.*"]
 setup(cmdclass={"build_py": _BuildPy},
       include_package_data=False,   # no data files; and the root's own files (this script) are not the package's
       # pyspark_shardbroker: a top-level module PySpark finds by its name and registers (cli/spark/__init__.py)
       package_dir={"shardbroker": ".", "pyspark_shardbroker": "cli/spark/discovery/pyspark_shardbroker"},
       packages=["shardbroker", "pyspark_shardbroker"]
-      + ["shardbroker." + p for p in find_packages(include=_FOLDERS, exclude=["cli.spark.discovery", "cli.spark.discovery.*"])],
+      + ["shardbroker." + p for p in find_packages(include=_FOLDERS, exclude=_DISCOVERY)],
       ext_modules=[Extension("shardbroker.workers._speedups", ["workers/_speedups.c"], optional=True,
                              extra_compile_args=_FLAGS),
                    Extension("shardbroker.workers.workqueues._qcore", ["workers/workqueues/_qcore.c"],
