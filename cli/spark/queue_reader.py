@@ -2,8 +2,10 @@
 live (docs/spark.md).
 
 - Offsets are ``{"batch": n, "size": s, "tick": t}``: batch ``n`` receives up to ``s`` messages.  ``latestOffset``
-  (on the driver, every trigger, idle or not) asks the queue's depth once, plans the next batch within the read
-  limit, and extends the leases of the batches Spark has not committed, so that a slow batch never loses them.
+  (on the driver, every trigger, idle or not) asks the queue's depth once and plans the next batch within the read
+  limit.  The leases of the batches Spark has not committed are extended every third of ``leaseSeconds`` by a
+  thread of the reader's process (a long-lived Python process on the driver), not from ``latestOffset``: Spark
+  plans the next batch only once the running one is done, so a batch slower than the lease would lose them.
 - Each of ``numPartitions`` partitions receives on an executor, in receives of at most 1,000 messages, each named
   by an attempt id ``<consumer>/<batch>/<partition>/<chunk>`` (docs/queues.md#attempts): a retried task and a
   replay after a restart (Spark replays the unfinished batch with the same offsets) get the same deliveries back.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -61,9 +64,16 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._client = None
         self._sizes: dict[int, int] = {}   # batch -> its planned size, for the batches not acked yet
         self._acked = -1                   # the last batch whose leases were acked
-        self._extended = 0.0
         self._available_now: int | None = None
+        self._lock = threading.Lock()      # the keeper thread and Spark's calls share _sizes
+        self._keeper: threading.Thread | None = None
 
+    def __getstate__(self) -> dict:
+        """What travels to the executors (``read`` runs on a copy): no connection, thread or lock."""
+        return {"options": self.options, "schema": self.schema}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["options"], state["schema"])
     # -- the driver -----------------------------------------------------------------------------------------
     def _request(self, op: str, **fields):
         if self._client is None or self._client.closed:
@@ -87,7 +97,9 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._available_now = self._request("qstat")["stat"]["visible"]
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        self._extend()
+        if self._keeper is None:
+            self._keeper = threading.Thread(target=self._keep, name="shardbroker-leases", daemon=True)
+            self._keeper.start()
         visible = self._request("qstat")["stat"]["visible"]
         size = visible
         if isinstance(limit, ReadMaxRows):
@@ -98,7 +110,8 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if self._available_now is not None:
                 self._available_now -= size
             end = {"batch": start["batch"] + 1, "size": size, "tick": 0}
-            self._sizes[end["batch"]] = size
+            with self._lock:
+                self._sizes[end["batch"]] = size
             return end
         if self.options.idle_commit and start["batch"] > self._acked and start["tick"] == 0 and start["size"]:
             return dict(start, tick=1)   # one empty batch, so that Spark commits the last one now
@@ -107,35 +120,48 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict, end: dict) -> list[QueuePartition]:
         if end["batch"] == start["batch"] or not end["size"]:
             return []
-        self._sizes[end["batch"]] = end["size"]   # a replay after a restart plans nothing: the offsets say it
+        with self._lock:   # a replay after a restart plans nothing: the offsets say it
+            self._sizes[end["batch"]] = end["size"]
         return [QueuePartition(self.options, end["batch"], p, share)
                 for p, share in enumerate(shares(end["size"], self.options.partitions)) if share]
 
     def commit(self, end: dict) -> None:
-        done = [n for n in sorted(self._sizes) if n <= end["batch"]]
-        attempts = [a for n in done for p, share in enumerate(shares(self._sizes[n], self.options.partitions))
-                    for a in attempt_ids(self.options.consumer, n, p, share)]
+        with self._lock:
+            sizes = {n: size for n, size in self._sizes.items() if n <= end["batch"]}
+        attempts = self._attempts(sizes)
         for i in range(0, len(attempts), CHUNK):
             result = self._request("qack", attempts=attempts[i:i + CHUNK])
             if result.get("lost"):
                 log.warning("queue %s: %d message(s) of batches up to %d had lost their leases before the commit "
                             "(leaseSeconds %d): delivered again later", self.options.queue, result["lost"],
                             end["batch"], self.options.lease_seconds)
-        for n in done:
-            del self._sizes[n]
+        with self._lock:
+            for n in sizes:
+                self._sizes.pop(n, None)
         self._acked = max(self._acked, end["batch"])
 
-    def _extend(self) -> None:
-        """Every third of the lease, the uncommitted batches' leases run a whole lease again from now."""
-        now = time.monotonic()
-        if not self._sizes or now - self._extended < self.options.lease_seconds / 3:
-            return
-        self._extended = now
-        attempts = [a for n, size in self._sizes.items()
-                    for p, share in enumerate(shares(size, self.options.partitions))
-                    for a in attempt_ids(self.options.consumer, n, p, share)]
-        for i in range(0, len(attempts), CHUNK):
-            self._request("qextend", attempts=attempts[i:i + CHUNK], visibility_ms=self.options.lease_seconds * 1000)
+    def _attempts(self, sizes: dict[int, int]) -> list[str]:
+        return [a for n, size in sorted(sizes.items()) for p, share in enumerate(shares(size, self.options.partitions))
+                for a in attempt_ids(self.options.consumer, n, p, share)]
+
+    def _keep(self) -> None:
+        """Every third of the lease, the uncommitted batches' leases run a whole lease again from now (on a
+        connection of its own: Spark's calls use the other)."""
+        client = None
+        while True:
+            time.sleep(self.options.lease_seconds / 3)
+            with self._lock:
+                attempts = self._attempts(dict(self._sizes))
+            try:
+                if client is None or client.closed:
+                    client = connect(self.options)
+                for i in range(0, len(attempts), CHUNK):
+                    client.request("qextend", queue=self.options.queue, attempts=attempts[i:i + CHUNK],
+                                   visibility_ms=self.options.lease_seconds * 1000)
+            except Exception as exc:   # the broker away for a moment: the next round tries again
+                log.warning("queue %s: extending the leases of uncommitted batches failed: %s", self.options.queue,
+                            exc)
+                client = None
 
     def stop(self) -> None:
         if self._client is not None:
