@@ -97,6 +97,7 @@ class Channel:
         self._on_close = on_close
         self._queue: collections.deque[tuple[bytes, socket.socket | None]] = collections.deque()
         self._reasm = Reassembler()
+        self._held: list[int] = []   # descriptors of a message whose datagrams are still arriving
         self._writing = False
         self.closed = False
         self._loop.add_reader(sock.fileno(), self._on_readable)
@@ -149,13 +150,13 @@ class Channel:
                 return
             if flags & socket.MSG_CTRUNC:
                 log.error("control message lost its file descriptor (MSG_CTRUNC)")
+            # A socket handed over rides on its message's first datagram (send): held until the message is whole
+            # (a connection moved with a large request still unread, say).
+            self._held += fds
             msg = self._reasm.feed(data)
             if msg is None:
-                if fds:
-                    log.error("file descriptor on a partial control message; closing it")
-                    for fd in fds:
-                        socket.close(fd)
                 continue
+            fds, self._held = self._held, []
             self._on_message(msg, fds)
 
     def unsent(self) -> list[tuple[bytes, list[int]]]:
@@ -183,5 +184,8 @@ class Channel:
             if handed is not None:
                 handed.close()
         self._queue.clear()
+        for fd in self._held:
+            socket.close(fd)
+        self._held = []
         self.sock.close()
         self._on_close()

@@ -53,6 +53,19 @@ def test_the_first_queue_request_moves_the_connection_and_every_reply_comes_in_o
     conn.close()
 
 
+def test_a_connection_moves_with_a_first_request_larger_than_a_control_datagram(start_broker):
+    """The move carries what the connection sent and the worker had not handled yet; past 60 KB that crosses the
+    control channel in several datagrams, with the client's socket on the first: it used to be closed there."""
+    b = start_broker(workers=2)
+    conn = on_worker(b.port, 1 - owner("jobs"))
+    batch = [{"data": "x" * 100}] * 1000   # ~115 KB in one line
+    for i in range(3):
+        reply = conn.request({"op": "qpush", "queue": "jobs", "messages": batch, "dedup_id": f"big-{i}"})
+        assert reply["ok"] and len(reply["ids"]) == 1000
+    assert conn.request({"op": "info"})["info"]["worker"] == owner("jobs")
+    assert "partial control message" not in b.log()
+
+
 def test_a_long_poll_that_moves_is_served_on_the_owner(start_broker):
     b = start_broker(workers=2)
     home = owner("jobs")
