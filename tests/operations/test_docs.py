@@ -105,6 +105,30 @@ def test_readme_secure_transcript_with_the_documented_secure_example(secure):
     run_transcripts(secure.port, [session.splitlines()])
 
 
+def test_queues_md_attempts_transcript(plain):
+    """docs/queues.md#attempts: the transcript as written, on a queue of its own; what the broker makes up (message
+    ids, receipts, push times) is read as the document's, in the order they first come."""
+    text = doc("queues.md")
+    (block,) = [b for b in blocks(section(text, "### Attempts:")) if '"attempt":' in b]
+    queue = "docs.attempts"
+    lines = [line.replace('"queue":"jobs"', f'"queue":"{queue}"') for line in block.splitlines()]
+    made_up: dict[str, str] = {}
+    with Raw(plain.port) as c:
+        for request, shown in zip(lines[::2], lines[1::2]):
+            c.send(request.encode() + b"\n")
+            got = c.line().decode().rstrip("\n")
+            doc_reply, real = json.loads(shown), json.loads(got)
+            pairs = list(zip(doc_reply.get("ids", []), real.get("ids", [])))
+            for d, r in zip(doc_reply.get("messages", []), real.get("messages", [])):
+                pairs += [(d["id"], r["id"]), (d["receipt"], r["receipt"])]
+                got = got.replace(f'"enqueued_at":{r["enqueued_at"]}', f'"enqueued_at":{d["enqueued_at"]}', 1)
+            for d, r in pairs:   # one real value for each the document shows: a replay's receipts are the first's
+                assert made_up.setdefault(r, d) == d and list(made_up.values()).count(d) == 1, (request, d)
+            for r, d in made_up.items():
+                got = got.replace(r, d)
+            assert got == shown, request
+
+
 def test_readme_configuration_is_the_defaults():
     (text,) = [b for b in blocks(README, "json") if '"network"' in b]
     shown = json.loads(text)
