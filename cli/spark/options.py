@@ -30,9 +30,6 @@ class Options:
     idle_commit: bool
     write_id: str | None
 
-    @property
-    def target(self) -> str:
-        return f"queue {self.queue!r}" if self.queue is not None else f"subject {self.subject!r}"
 
     def password(self) -> str | None:
         """The password, from the environment variable ``passwordEnv`` names (read where it is needed: on the
@@ -56,9 +53,11 @@ def parse(options: dict, reading: bool) -> Options:
     if unknown:
         raise OptionError(f"unknown option {unknown[0]!r} (known: {', '.join(NAMES)})")
     queue, subject = given.get("queue"), given.get("subject")
-    if (queue is None) == (subject is None):
+    if queue is not None and subject is not None or reading and queue is None and subject is None:
         raise OptionError("give exactly one of the options queue (a work queue: at-least-once) and subject "
-                          "(pub/sub: at-most-once as a source, at-least-once as a sink)")
+                          "(pub/sub: at-most-once as a source, at-least-once as a sink)"
+                          + ("; a sink may give neither and name each row's in a queue or subject column"
+                             if not reading else ""))
     broker = given.get("broker", DEFAULT_BROKER)
     host, _, port = broker.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:

@@ -96,10 +96,13 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         limit makes)."""
         self._available_now = self._request("qstat")["stat"]["visible"]
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def _keep_leases(self) -> None:
         if self._keeper is None:
             self._keeper = threading.Thread(target=self._keep, name="shardbroker-leases", daemon=True)
             self._keeper.start()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        self._keep_leases()
         visible = self._request("qstat")["stat"]["visible"]
         size = visible
         if isinstance(limit, ReadMaxRows):
@@ -120,6 +123,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict, end: dict) -> list[QueuePartition]:
         if end["batch"] == start["batch"] or not end["size"]:
             return []
+        self._keep_leases()   # a restart replays its unfinished batch before it plans anything
         with self._lock:   # a replay after a restart plans nothing: the offsets say it
             self._sizes[end["batch"]] = end["size"]
         return [QueuePartition(self.options, end["batch"], p, share)
@@ -127,6 +131,10 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict) -> None:
         with self._lock:
+            if end["size"] and end["batch"] > self._acked:
+                # a batch Spark committed just before a restart was never planned by this process: its offset
+                # says what it received
+                self._sizes.setdefault(end["batch"], end["size"])
             sizes = {n: size for n, size in self._sizes.items() if n <= end["batch"]}
         attempts = self._attempts(sizes)
         for i in range(0, len(attempts), CHUNK):

@@ -36,6 +36,8 @@ def check_columns(options: Options, schema) -> None:
     names = set(schema.names) if schema is not None else set()
     if "data" not in names:
         raise OptionError("the sink needs a column data (binary or string)")
+    if options.queue is None and options.subject is None and not names & {"queue", "subject"}:
+        raise OptionError("the sink needs the option queue or subject, or a queue or subject column")
     other = sorted(names - COLUMNS)
     if other:
         raise OptionError(f"the sink takes the columns data, queue, subject, dedup_id, priority; got {other[0]!r}")
@@ -51,6 +53,17 @@ def _text(value) -> str:
     if value is None:
         raise ValueError("a data value is null")
     return str(value)
+
+
+def _target(options: Options, fields: dict) -> tuple[str | None, str | None]:
+    """(queue, subject) of a row: the option's, else the row's own column (as Kafka's topic option and column)."""
+    if options.queue is not None or options.subject is not None:
+        return options.queue, options.subject
+    if fields.get("queue"):
+        return fields["queue"], None
+    if fields.get("subject"):
+        return None, fields["subject"]
+    raise ValueError("a row names no queue and no subject (and the sink has neither option)")
 
 
 def write_rows(options: Options, rows: Iterator, prefix: str | None) -> Written:
@@ -70,10 +83,10 @@ def write_rows(options: Options, rows: Iterator, prefix: str | None) -> Written:
             fields = row.asDict()
             count += 1
             data = _text(fields["data"])
-            if options.subject is not None or fields.get("subject"):
-                client.pub(options.subject or fields["subject"], data, wait=False)
+            queue, subject = _target(options, fields)
+            if subject is not None:
+                client.pub(subject, data, wait=False)
                 continue
-            queue = options.queue or fields.get("queue")
             own = fields.get("dedup_id")
             priority = fields.get("priority")
             if own is not None or (queue != options.queue):

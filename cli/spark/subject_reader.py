@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
 from shardbroker.cli.spark.options import Options
 from shardbroker.cli.spark.rows import connect
@@ -61,9 +62,16 @@ class SubjectStreamReader(DataSourceStreamReader):
     def initialOffset(self) -> dict:
         return {"seq": 0}
 
-    def latestOffset(self) -> dict:
+    def getDefaultReadLimit(self) -> ReadLimit:
+        most = self.options.max_per_trigger
+        return ReadMaxRows(most) if most is not None else ReadAllAvailable()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         self._poll()
-        return {"seq": self._first + len(self._buffer)}
+        end = self._first + len(self._buffer)
+        if isinstance(limit, ReadMaxRows):
+            end = min(end, max(start["seq"], self._first) + limit.max_rows)
+        return {"seq": end}
 
     def partitions(self, start: dict, end: dict) -> list[SubjectPartition]:
         lo = max(start["seq"], self._first) - self._first
