@@ -126,6 +126,10 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._keep_leases()   # a restart replays its unfinished batch before it plans anything
         with self._lock:   # a replay after a restart plans nothing: the offsets say it
             self._sizes[end["batch"]] = end["size"]
+            if start["size"] and start["batch"] > self._acked:
+                # Spark writes batch k+1's offsets before it commits batch k: a restart in between replays k+1
+                # and never commits k, whose leases must be acked with k+1's
+                self._sizes.setdefault(start["batch"], start["size"])
         return [QueuePartition(self.options, end["batch"], p, share)
                 for p, share in enumerate(shares(end["size"], self.options.partitions)) if share]
 
@@ -184,10 +188,13 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             left = partition.max
             for attempt in partition.attempts():
                 want = min(CHUNK, left)
-                got = client.request("qrecv", queue=options.queue, max=want, attempt=attempt,
-                                     visibility_ms=options.lease_seconds * 1000)["messages"]
+                reply = client.request("qrecv", queue=options.queue, max=want, attempt=attempt,
+                                       visibility_ms=options.lease_seconds * 1000)
+                got = reply["messages"]
                 rows.extend(dict(m, attempt=attempt) for m in got)
                 left -= want
-                if len(got) < want:
-                    break   # the queue had no more: the later attempt ids stay unused (their ack finds nothing)
+                if len(got) < want and not reply.get("replayed"):
+                    # the queue had no more: the later attempt ids stay unused (their ack finds nothing).  A replay
+                    # may come back short (a lease of it ended otherwise) while the later ones still hold theirs.
+                    break
         yield arrow_batch(rows, options, partition.batch, partition.partition, self.schema)

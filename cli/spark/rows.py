@@ -22,8 +22,12 @@ def schema(options: Options) -> str:
 
 
 def connect(options: Options) -> BlockingClient:
-    return BlockingClient.connect(options.host, options.port, user=options.user, password=options.password(),
-                                  timeout=30.0)
+    try:
+        return BlockingClient.connect(options.host, options.port, user=options.user, password=options.password(),
+                                      timeout=30.0)
+    except OSError as exc:
+        raise ConnectionError(f"cannot reach the broker at {options.host}:{options.port} (the option broker: its "
+                              f"NDJSON listener): {exc.strerror or exc}") from None
 
 
 def payload(message: dict) -> bytes:

@@ -5,7 +5,12 @@ from __future__ import annotations
 from pyspark.sql.datasource import DataSource
 
 from shardbroker.cli.spark.options import OptionError, parse
-from shardbroker.cli.spark.rows import schema
+from shardbroker.cli.spark.rows import connect, schema
+
+
+def reachable(options) -> None:
+    """A broker that is down (or a wrong address, or refused credentials) is an error before the query starts."""
+    connect(options).close()
 
 
 class ShardbrokerDataSource(DataSource):
@@ -14,7 +19,9 @@ class ShardbrokerDataSource(DataSource):
         return "shardbroker"
 
     def schema(self) -> str:
-        return schema(parse(self.options, reading=True))
+        options = parse(self.options, reading=True)
+        reachable(options)
+        return schema(options)
 
     def streamReader(self, schema):
         options = parse(self.options, reading=True)
@@ -33,6 +40,7 @@ class ShardbrokerDataSource(DataSource):
 
         options = parse(self.options, reading=False)
         check_columns(options, schema)
+        reachable(options)
         return StreamWriter(options)
 
     def writer(self, schema, overwrite: bool):
@@ -40,4 +48,5 @@ class ShardbrokerDataSource(DataSource):
 
         options = parse(self.options, reading=False)
         check_columns(options, schema)
+        reachable(options)
         return BatchWriter(options)
