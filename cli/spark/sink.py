@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
+from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 
 from shardbroker.cli.spark.options import OptionError, Options
 from shardbroker.cli.spark.rows import connect
@@ -66,38 +66,54 @@ def _target(options: Options, fields: dict) -> tuple[str | None, str | None]:
     raise ValueError("a row names no queue and no subject (and the sink has neither option)")
 
 
-def write_rows(options: Options, rows: Iterator, prefix: str | None) -> Written:
-    """Push (or publish) the rows of one partition; ``prefix``: what makes their dedup ids (None: none)."""
+def write_rows(options: Options, batches: Iterator, prefix: str | None) -> Written:
+    """Push (or publish) the rows of one partition, Arrow record batches as Spark hands them over (no Row object
+    is made: most of a Python sink's cost); ``prefix``: what makes their dedup ids (None: none)."""
     count = pushes = 0
-    batch: list[dict] = []
+    pending: list[dict] = []
     with connect(options) as client:
-        def flush() -> None:
-            nonlocal pushes, batch
-            if batch:
+        def flush(final: bool) -> None:
+            nonlocal pushes, pending
+            while len(pending) >= PUSH or final and pending:
+                chunk, pending = pending[:PUSH], pending[PUSH:]
                 dedup = {"dedup_id": f"{prefix}:{pushes}"} if prefix is not None else {}
-                client.request("qpush", queue=options.queue, messages=batch, **dedup)
+                client.request("qpush", queue=options.queue, messages=chunk, **dedup)
                 pushes += 1
-                batch = []
 
-        for row in rows:
-            fields = row.asDict()
-            count += 1
-            data = _text(fields["data"])
-            queue, subject = _target(options, fields)
-            if subject is not None:
-                client.pub(subject, data, wait=False)
+        for batch in batches:
+            cols = batch.to_pydict()
+            n = batch.num_rows
+            if options.queue is not None and set(cols) <= {"data", "priority"}:   # the common case, column-wise
+                datas = [_text(d) for d in cols["data"]]
+                priorities = cols.get("priority")
+                if priorities is None or all(p is None for p in priorities):
+                    pending += [{"data": d} for d in datas]
+                else:
+                    pending += [{"data": d} if p is None else {"data": d, "priority": p}
+                                for d, p in zip(datas, priorities)]
+                count += n
+                flush(False)
                 continue
-            own = fields.get("dedup_id")
-            priority = fields.get("priority")
-            if own is not None or (queue != options.queue):
-                client.request("qpush", queue=queue, data=data, **({"dedup_id": own} if own is not None else
-                               {"dedup_id": f"{prefix}:r{count}"} if prefix is not None else {}),
-                               **({"priority": priority} if priority is not None else {}))
-                continue
-            batch.append({"data": data, **({"priority": priority} if priority is not None else {})})
-            if len(batch) == PUSH:
-                flush()
-        flush()
+            names = list(cols)
+            for i in range(n):
+                fields = {name: cols[name][i] for name in names}
+                count += 1
+                data = _text(fields["data"])
+                queue, subject = _target(options, fields)
+                if subject is not None:
+                    client.pub(subject, data, wait=False)
+                    continue
+                own = fields.get("dedup_id")
+                priority = fields.get("priority")
+                item = {"data": data, **({"priority": priority} if priority is not None else {})}
+                if own is not None or queue != options.queue:
+                    dedup = {"dedup_id": own} if own is not None else \
+                        {"dedup_id": f"{prefix}:r{count}"} if prefix is not None else {}
+                    client.request("qpush", queue=queue, **item, **dedup)
+                    continue
+                pending.append(item)
+                flush(False)
+        flush(True)
         client.ping()   # the pipelined publishes answered: an error in one is raised here
     return Written(count, pushes)
 
@@ -110,7 +126,7 @@ def _task() -> tuple[str | None, str | None, int]:
             ctx.partitionId())
 
 
-class StreamWriter(DataSourceStreamWriter):
+class StreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: Options) -> None:
         self.options = options
 
@@ -125,7 +141,7 @@ class StreamWriter(DataSourceStreamWriter):
         pass   # what a failed batch pushed stays: its replay is answered as duplicates
 
 
-class BatchWriter(DataSourceWriter):
+class BatchWriter(DataSourceArrowWriter):
     def __init__(self, options: Options) -> None:
         self.options = options
 
