@@ -74,6 +74,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["options"], state["schema"])
+
     # -- the driver -----------------------------------------------------------------------------------------
     def _request(self, op: str, **fields):
         if self._client is None or self._client.closed:

@@ -465,7 +465,9 @@ def test_available_now_drains_the_queue_in_batches_within_the_limit_and_stops(sp
 
 
 # 8. a batch slower than the lease (the leases kept by the reader's thread: latestOffset is not called while a
-# batch runs, and the extension from there, before 9260c49, lost them all)
+# batch runs, and the extension from there, before 9260c49, lost them all).  Exclusive: a thread that extends a
+# 2 s lease every 0.67 s must get a CPU in time, which a loaded machine does not promise.
+@pytest.mark.exclusive
 def test_a_batch_slower_than_twice_the_lease_keeps_its_leases(spark, broker, tmp_path):
     n, most, lease = 2000, 1000, 2
     ids = push_ids(broker, "jobs", n)
@@ -494,7 +496,9 @@ def test_a_batch_slower_than_twice_the_lease_keeps_its_leases(spark, broker, tmp
 
 # a clean stop between batches, and a restart
 def test_a_restart_after_a_clean_stop_acks_the_last_batch(spark, broker, tmp_path):
-    n, lease = 1000, 3
+    # The lease is long enough for a restart on a loaded machine: the test is that the restart acks the batch,
+    # not that the lease runs out (were it not acked, it would still be in flight, then read again).
+    n, lease = 1000, 30
     ids = push_ids(broker, "jobs", n)
     out, ck = tmp_path / "out", tmp_path / "ck"
 
@@ -509,16 +513,11 @@ def test_a_restart_after_a_clean_stop_acks_the_last_batch(spark, broker, tmp_pat
     assert qstat(broker, "jobs")["in_flight"] == n
     q = start({"availableNow": True})              # Spark commits the last batch of the run before, on the source
     assert q.awaitTermination(60) and q.exception() is None
-    in_flight = qstat(broker, "jobs")["in_flight"]
-    time.sleep(lease + 1)
-    q = start({"availableNow": True})
-    assert q.awaitTermination(60) and q.exception() is None
+    stat = qstat(broker, "jobs")
+    assert (stat["in_flight"], stat["acked"], stat["expired"], stat["visible"]) == (0, n, 0, 0), (
+        f"after the restart the batch committed before the stop was not acked: {stat}")
     rows = spark.read.parquet(str(out)).select("id", "delivery_count").collect()
-    copies = Counter(r.id for r in rows)
-    assert in_flight == 0 and len(rows) == n and set(copies) == set(ids), (
-        f"after the restart {in_flight} of the {n} messages of the batch committed before the stop were still "
-        f"leased; once their leases ran out they were read again: {len(rows)} rows, "
-        f"{sum(1 for c in copies.values() if c > 1)} ids twice")
+    assert len(rows) == n and {r.id for r in rows} == set(ids)
 
 
 # the sink, df.write twice under one writeId
