@@ -230,6 +230,32 @@ def test_served_long_polls_leave_the_due_heap():
     asyncio.run(body())
 
 
+def test_an_idle_queue_with_dedup_ids_is_forgotten_once_the_window_has_passed(monkeypatch):
+    """Its dedup ids go with it, so a queue is kept while they are within queues.dedup_window, and no longer: an
+    idle queue's ids never age out by themselves (a history rotates on writes), and it would keep its place under
+    max_queues_per_worker for ever."""
+    clock = [1000.0]
+    monkeypatch.setattr(shard_timer.time, "monotonic", lambda: clock[0])
+
+    async def body():
+        s = Shard(0, Settings(dedup_window_s=3600.0), Journal(None), lambda: None, 256, {}, max_queues=10,
+                  forget_idle_s=600.0)
+        box: list = []
+        s.handle("push", {"queue": "d", "data": b"x", "dedup_id": "once"}, (0, 1), box.append)
+        s.handle("recv", {"queue": "d", "max": 1}, (0, 1), box.append)
+        s.commit()
+        s.handle("ack", {"queue": "d", "receipt": box[-1]["messages"][0][D_RECEIPT]}, (0, 1), box.append)
+        s.commit()
+        for minutes in (0, 10, 20, 50):        # idle from the first sweep on; within the hour: kept
+            clock[0] = 1000.0 + minutes * 60
+            s._forget_idle()
+            assert "d" in s.queues, minutes
+        clock[0] = 1000.0 + 61 * 60            # an hour idle: its ids have aged out with it
+        s._forget_idle()
+        assert "d" not in s.queues
+    asyncio.run(body())
+
+
 def test_a_shard_forgets_a_queue_only_after_a_whole_sweep_without_anything_done_to_it():
     """Queues named by clients would otherwise stay for ever (~4.5 KB each, empty).  A sweep forgets the empty,
     unwaited, unconfigured queues that the sweep before found so and that did nothing since; a queue used in

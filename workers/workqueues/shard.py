@@ -64,7 +64,8 @@ class Shard(Pushing, Receiving, Settling, Administration, Committing, Timing, Re
         self._made = Tally()                 # party -> queues it made that live
         self.forget_idle_s = forget_idle_s
         self._forget_at = time.monotonic() + forget_idle_s   # the next sweep for idle queues (_forget_idle)
-        self._idle: dict[str, tuple] = {}    # queue -> its activity when the last sweep found it idle
+        # queue -> (its activity when a sweep first found it idle, when that was)
+        self._idle: dict[str, tuple[tuple, float]] = {}
         self._trim_at = 0.0                  # when the queues' histories are next held to HISTORY_BUDGET
         self.queues_refused = 0              # pushes and long polls refused too_many_queues, since the start
         self.queues_forgotten = 0            # idle queues forgotten, since the start

@@ -113,22 +113,27 @@ class Timing:
         has done nothing since: a client may name any number of queues, and an empty one still costs ~4.5 KB.  Its
         name is free again (a push makes it anew).  A configured queue is kept.  Nothing is journaled: replaying
         the queue's records rebuilds it empty, and the replacement's own sweeps forget it again.  What it
-        remembered goes with it (receipts acked, push tokens), which it keeps for history.SECONDS anyway."""
-        self._forget_at = time.monotonic() + self.forget_idle_s
+        remembered goes with it (receipts acked, push tokens): one holding push tokens waits until it has been idle
+        for its dedup window too (queues.dedup_window), as its tokens must last that long."""
+        now = time.monotonic()
+        self._forget_at = now + self.forget_idle_s
         idle, self._idle = self._idle, {}
         forgotten = 0
         for name, q in list(self.queues.items()):
             if q.messages or q.dead or name in self.waiters or name in self.configured:
                 continue
-            if len(q.tokens) and q.settings.dedup_window_s > self.forget_idle_s:
-                continue   # its dedup ids must outlive forget_idle (queues.dedup_window): kept while it has some
             activity = q.activity()
-            if idle.get(name) == activity:
-                del self.queues[name]
-                self._gone(name)
-                forgotten += 1
-            else:
-                self._idle[name] = activity
+            seen = idle.get(name)
+            if seen is None or seen[0] != activity:
+                self._idle[name] = (activity, now)
+                continue
+            # idle since seen[1]; its dedup ids (queues.dedup_window) must have aged out too
+            if len(q.tokens) and now - seen[1] < q.settings.dedup_window_s:
+                self._idle[name] = seen
+                continue
+            del self.queues[name]
+            self._gone(name)
+            forgotten += 1
         if forgotten:
             self.queues_forgotten += forgotten
             log.debug("worker %d: forgot %d idle queue(s)", self.index, forgotten)
