@@ -92,3 +92,17 @@ def test_the_dedup_window_is_the_configurations(start_broker):
         assert "duplicate" not in c.request({"op": "qpush", "queue": "jobs", "data": 1, "dedup_id": other})
     later = c.request({"op": "qpush", "queue": "jobs", "data": 1, "dedup_id": "d"})
     assert later["ok"] and "duplicate" not in later and later["id"] != first["id"]
+
+
+def test_an_attempt_whose_leases_were_extended_one_by_one_outlives_its_first_deadline():
+    """In process: deliveries are (id, receipt, ...) and leases (seq, granted, deadline, ...), as messages.py has
+    them."""
+    from shardbroker.workers.workqueues.attempts import Attempts
+
+    groups = Attempts()
+    deliveries = [("id1", "r1"), ("id2", "r2")]
+    groups.record("a", deliveries, deadline=100)
+    groups.sweep(150, {"r1": (1, 0, 140, 0, None), "r2": (2, 0, 500, 0, None)})   # r2 extended by its receipt
+    assert groups.replay("a", {"r2": (2, 0, 500, 0, None)}, 200) == [("id2", "r2")]
+    groups.sweep(600, {"r2": (2, 0, 500, 0, None)})
+    assert len(groups) == 0

@@ -7,8 +7,8 @@ that may run the same receive twice needs, Spark's source first (docs/spark.md).
   exactly what the first read.  Once none lives (acked, or expired and so visible again: never lost), the id
   receives anew.  SQS FIFO's ``ReceiveRequestAttemptId``, generalised to any queue.
 - An ack or an extend naming attempt ids acts on every live lease of those receives, in one request.
-- Kept in the owner's memory, per queue, until the group is acked or all its leases are past their deadline, at
-  most ``MAX_PER_QUEUE`` (the oldest go first).  A crash of the owner forgets them: a replay then receives anew,
+- Kept in the owner's memory, per queue, until the group is acked or all its leases are past their deadline
+  (however they were extended: by the group or one by one), at most ``MAX_PER_QUEUE`` (the oldest go first).  A crash of the owner forgets them: a replay then receives anew,
   and the first receive's leases come back when they expire (journaled like every lease).
 """
 
@@ -76,10 +76,17 @@ class Attempts:
             if group is not None and group[1] < deadline:
                 self.groups[attempt] = (group[0], deadline)
 
-    def sweep(self, now: int) -> None:
-        """Forget the groups all of whose leases are past their deadline."""
+    def sweep(self, now: int, leases: dict) -> None:
+        """Forget the groups all of whose leases are past their deadline (``leases``: the queue's receipt ->
+        lease).  A group past its own deadline whose leases were extended one by one (by receipt) lives on."""
         for attempt in [a for a, (_, deadline) in self.groups.items() if deadline <= now]:
-            del self.groups[attempt]
+            deliveries = self.groups[attempt][0]
+            latest = max((lease[L_DEADLINE] for lease in map(leases.get, (d[D_RECEIPT] for d in deliveries))
+                          if lease is not None), default=0)
+            if latest > now:
+                self.groups[attempt] = (deliveries, latest)
+            else:
+                del self.groups[attempt]
 
 
 def _live(lease: tuple | None, now: int) -> bool:

@@ -100,7 +100,7 @@ class Timing:
             now_ns = time.monotonic_ns()
             for q in self.queues.values():
                 if len(q.attempts):
-                    q.attempts.sweep(now_ns)
+                    q.attempts.sweep(now_ns, q.leases)
         if now < self._compact_after:
             return
         try:
