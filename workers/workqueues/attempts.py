@@ -8,8 +8,9 @@ that may run the same receive twice needs, Spark's source first (docs/spark.md).
   receives anew.  SQS FIFO's ``ReceiveRequestAttemptId``, generalised to any queue.
 - An ack or an extend naming attempt ids acts on every live lease of those receives, in one request.
 - Kept in the owner's memory, per queue, until the group is acked or all its leases are past their deadline
-  (however they were extended: by the group or one by one), at most ``MAX_PER_QUEUE`` (the oldest go first).  A crash of the owner forgets them: a replay then receives anew,
-  and the first receive's leases come back when they expire (journaled like every lease).
+  (however they were extended: by the group or one by one), at most ``MAX_PER_QUEUE`` (the oldest go first).
+  A crash of the owner forgets them: a replay then receives anew, and the first receive's leases come back when
+  they expire (journaled like every lease).
 """
 
 from __future__ import annotations
