@@ -25,6 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import pytest
 
 from support.harness import LogFile
@@ -203,10 +204,15 @@ class NatsServer(LogFile):
         self.paused = False
         self._reap_group()
 
-    def pause(self) -> None:
-        """SIGSTOP: its sockets stay open and nothing answers (a hung hub)."""
+    def pause(self, timeout: float = 5.0) -> None:
+        """SIGSTOP: its sockets stay open and nothing answers (a hung hub).  Returns once the kernel shows it
+        stopped: the signal is delivered asynchronously, and a request sent in between would still be answered."""
         self._signal(signal.SIGSTOP)
         self.paused = True
+        deadline = time.monotonic() + timeout
+        while psutil.Process(self.proc.pid).status() != psutil.STATUS_STOPPED:
+            assert time.monotonic() < deadline, f"{self.name} did not stop"
+            time.sleep(0.01)
 
     def resume(self) -> None:
         self._signal(signal.SIGCONT)
