@@ -23,6 +23,7 @@ import time
 from typing import Any, Protocol
 
 from shardbroker.cluster.config import Config, ConfigError, document, load, without_plaintext_passwords
+from shardbroker.cluster.config.leafnodes import check_leaf_files
 from shardbroker.cluster.security import tls
 from shardbroker.cluster.supervisor import systemd
 
@@ -141,6 +142,9 @@ class Reloader:
                            loaded=running.loaded)
         try:
             new = load(running.source, dict(running.overrides), check_paths=False)
+            # the leaf remotes' credential and certificate files: a reload that names one that cannot be read is
+            # refused, as a start is, rather than leave every worker's link failing at its next dial
+            check_leaf_files(new.leafnodes)
         except ConfigError as exc:
             return Outcome(False, str(exc), digest=running.digest, loaded=running.loaded)
         try:

@@ -61,3 +61,23 @@ def test_reload_adds_changes_and_drops_remotes(tmp_path, nats_servers):
         assert "Traceback" not in broker.log()
     finally:
         broker.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_reload_naming_a_credentials_file_that_cannot_be_read_is_refused(tmp_path, nats_servers):
+    hub = nats_servers("one")
+    base = {"leafnodes": {"name": "sb", "reconnect": 0.2, "remotes": [{"urls": [hub.leaf_url]}]}}
+    broker = Broker(tmp_path, workers=2, config=base).start()
+    try:
+        _until(lambda: _leafs(hub) == ["sb-w0", "sb-w1"], broker, hub)
+        path = next(broker.tmp.glob("config-*.json"))
+        missing = tmp_path / "nowhere.creds"
+        path.write_text(json.dumps({"leafnodes": {**base["leafnodes"], "remotes": [
+            {"urls": [hub.leaf_url], "credentials": str(missing)}]}}))
+        mark = len(broker.log())
+        os.kill(broker.proc.pid, signal.SIGHUP)
+        line = broker.wait_log(r"configuration not reloaded.*", after=mark).group(0)
+        assert "leafnodes.remotes[0].credentials" in line and "nowhere.creds" in line, line
+        assert _leafs(hub) == ["sb-w0", "sb-w1"]   # the running configuration, and its links, are kept
+    finally:
+        broker.close()
