@@ -2,6 +2,7 @@
 whatever the test did."""
 
 import pytest
+from leafclients import leaf_config
 
 from support.natshub import NatsServer, require_nats_server
 
@@ -27,3 +28,16 @@ def nats_servers(tmp_path):
 def nats_hub(nats_servers):
     """A started hub (nats-server listening for leafnodes on a loopback port)."""
     return nats_servers("hub")
+
+
+@pytest.fixture
+def leaf_broker(nats_hub, start_broker):
+    """leaf_broker(workers=2, bridge=False) -> a started broker whose every worker is a leaf of ``nats_hub``
+    (once the hub lists them all).  Requested after the hub, so it stops first."""
+    def start(workers: int = 2, bridge: bool = False, config: dict | None = None):
+        broker = start_broker(workers=workers, config={**leaf_config(nats_hub), **(config or {})},
+                              args=["--bridge-port", "0"] if bridge else [])
+        nats_hub.wait_leafs(workers)
+        return broker
+
+    return start
