@@ -19,7 +19,7 @@ import time
 
 import nkeys
 import pytest
-from test_leaf_faults import (
+from leafprobes import (
     RECONNECT,
     assert_no_crash,
     broker_leafz,
