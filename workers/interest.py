@@ -105,10 +105,14 @@ class Interest:
         remote = tuple(sorted(set(workers))) if workers else ()
         # ``cached`` is Route's ``batching``, passed by position: a class called with a keyword argument gets a
         # dict made for it, and a route is made per new subject (every reply inbox).
-        route = Route(subject, tuple(ndjson), tuple(nats), tuple(others), remote, self.groups.matches(subject),
+        if self.leaf is None:
+            return Route(subject, tuple(ndjson), tuple(nats), tuple(others), remote, self.groups.matches(subject),
+                         shardmap.owner(subject, self.workers), cached)
+        # with leaf connections the groups' names are wanted too: one match of the group trie gives both
+        groups = self.groups.names(subject)
+        route = Route(subject, tuple(ndjson), tuple(nats), tuple(others), remote, bool(groups),
                       shardmap.owner(subject, self.workers), cached)
-        if self.leaf is not None:
-            route.leaf = self.leaf.targets(subject, self.groups.names(subject) if route.queued else None)
+        route.leaf = self.leaf.targets(subject, groups or None)
         return route
 
     # -- subscriptions --------------------------------------------------------------------------------------
