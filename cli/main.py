@@ -374,7 +374,7 @@ def user_list() -> None:
               show_default=True, help="Comma-separated: fanout1 fanout10 fanout100 nn wide latency connections; "
                                       "work queues: qpush qwork1 qwork8 qdrain1 qdrain8 qlatency, and with batch "
                                       "producers qpushb qwork1b qwork8b; leaf nodes (nats-server >= 2.10): "
-                                      "leafin leafout.")
+                                      "leafin leafout; big, for a bigger machine: wide20k conn50k.")
 @click.option("--peers", default="nats,redis", show_default=True,
               help="Servers to compare with, started on free loopback ports if installed: nats, redis (or none). "
                    "The work-queue scenarios run on Redis Streams and, with nats, on nats-server JetStream.")
@@ -393,6 +393,8 @@ def user_list() -> None:
               help="Messages per second in the latency scenario.")
 @click.option("--connections", type=click.IntRange(1, 1_000_000), default=10000, show_default=True,
               help="Connections in the connection-scale scenario.")
+@click.option("--wide-max", type=click.IntRange(1, 10**6), default=20000, help="Subscribers in wide20k [20000].")
+@click.option("--connections-max", type=click.IntRange(1, 10**6), default=50000, help="Connections in conn50k [50000].")
 @click.option("--out", default="bench-results", show_default=True, help="Directory for the JSON and PNG files.")
 @click.option("--generator-check", is_flag=True,
               help="Only measure the load generator, against a server that discards or streams.")
@@ -400,7 +402,7 @@ def user_list() -> None:
                                           "and nats-server (with --peers nats), each with a fresh certificate.")
 def bench(scenarios: str, peers: str, protocols: str, payload: int, duration: float, rounds: int,
           workers: int | None, procs: int, nn: int, wide: int, rate: float, connections: int, out: str,
-          generator_check: bool, tls: bool) -> None:
+          generator_check: bool, tls: bool, wide_max: int, connections_max: int) -> None:
     """Measure this broker against nats-server and Redis, side by side, in one run."""
     import time
 
@@ -418,7 +420,8 @@ def bench(scenarios: str, peers: str, protocols: str, payload: int, duration: fl
         raise click.BadParameter(f"unknown peer(s): {', '.join(bad)}", param_hint="--peers")
     opts = Options(scenarios=names, peers=peer_list, protocols=[p for p in protocols.split(",") if p],
                    payload=payload, duration=duration, rounds=rounds, workers=workers, procs=procs, nn=nn,
-                   wide=wide, rate=rate, connections=connections, tls=tls)
+                   wide=wide, rate=rate, connections=connections, tls=tls, wide_max=wide_max,
+                   connections_max=connections_max)
     runner = Bench(opts, log=lambda msg: click.echo(msg, err=True))
     if generator_check:
         for row in runner.generator_check():

@@ -24,6 +24,7 @@ from multiprocessing.connection import Connection
 
 import orjson
 
+from shardbroker.cli.bench import scale
 from shardbroker.cli.bench.qload import QueueLoad
 from shardbroker.cli.bench.wire import STAMP, WIRES, Counter, payload
 
@@ -33,6 +34,7 @@ _BLOCK = 64 * 1024     # bytes of pipelined frames per send
 
 
 def main(pipe: Connection) -> None:
+    scale.raise_fd_limit()   # a generator may hold tens of thousands of connections
     gen = Generator()
     while True:
         cmd = pipe.recv()
@@ -51,39 +53,42 @@ class Generator:
         self.pubs: list[socket.socket] = []
         self.subs: list[socket.socket] = []
         self.wire = None
-        self._info: dict[socket.socket, dict] = {}   # what each NATS connection was told in INFO
+        # each NATS connection's client_id from its INFO (only that: the whole INFO is a few KiB a connection)
+        self._cid_of: dict[socket.socket, int] = {}
         self.queues = QueueLoad()
         self.tls: ssl.SSLContext | None = None
 
     # -- connect --------------------------------------------------------------------------------------------
     def connect(self, host: str, port: int, wire: str, pubs: int, subs: int, ids: bool,
-                tls: dict | None = None, sub_port: int | None = None) -> dict:
+                tls: dict | None = None, sub_port: int | None = None, first: int = 0) -> dict:
         """``tls``: ``{"ca": PEM file}`` to connect with TLS, verifying the server's certificate with it.
         ``sub_port``: the subscribers' server, where it is not the publishers' (the leaf scenarios: one on the
-        hub, the other on the leaf)."""
+        hub, the other on the leaf).  ``first``: the run's number of this generator's first connection (the
+        generators before it hold the ones before), which picks the source addresses (cli/bench/scale.py)."""
         self.wire = WIRES[wire]
         self.tls = ssl.create_default_context(cafile=tls["ca"]) if tls else None
-        self.pubs = [self._open(host, port) for _ in range(pubs)]
-        self.subs = [self._open(host, port if sub_port is None else sub_port) for _ in range(subs)]
+        self.pubs = [self._open(host, port, first + i) for i in range(pubs)]
+        self.subs = [self._open(host, port if sub_port is None else sub_port, first + pubs + i)
+                     for i in range(subs)]
         out = {"pubs": [], "subs": []}
         if ids:
             out["pubs"] = [self._cid(s) for s in self.pubs]
             out["subs"] = [self._cid(s) for s in self.subs]
         return out
 
-    def _open(self, host: str, port: int) -> socket.socket:
-        sock = socket.create_connection((host, port), timeout=30)
+    def _open(self, host: str, port: int, index: int = 0) -> socket.socket:
+        sock = scale.connect(host, port, index, timeout=30)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        info = None
+        cid = None
         if self.wire.greeting:
             line = _read_until(sock, b"\n")
             if not line.startswith(self.wire.greeting):
                 raise RuntimeError(f"unexpected greeting {line[:60]!r}")
-            info = orjson.loads(line[len(self.wire.greeting):].strip())
+            cid = orjson.loads(line[len(self.wire.greeting):].strip()).get("client_id")
         if self.tls is not None:
             sock = self.tls.wrap_socket(sock, server_hostname=host)
-        if info is not None:
-            self._info[sock] = info
+        if cid is not None:
+            self._cid_of[sock] = cid
         hello = self.wire.hello()
         if hello:
             sock.sendall(hello)
@@ -92,7 +97,7 @@ class Generator:
     def _cid(self, sock: socket.socket) -> int:
         """The server's id of this connection (NATS INFO client_id; NDJSON info op), to place it on a worker."""
         if self.wire.name == "nats":
-            return int(self._info[sock]["client_id"])
+            return int(self._cid_of[sock])
         sock.sendall(b'{"op":"info"}\n')
         return int(orjson.loads(_read_until(sock, b"\n"))["info"]["cid"])
 
@@ -113,10 +118,14 @@ class Generator:
 
     # -- run ------------------------------------------------------------------------------------------------
     def run(self, subjects: list[str], size: int, start: float, duration: float, rate: float | None = None,
-            latency: bool = False, count: int | None = None, drain: bool = True) -> dict:
+            latency: bool = False, count: int | None = None, drain: bool = True, quiet: float | None = None,
+            expect: int | None = None) -> dict:
         """Publish until ``duration`` is over (at full speed, or ``rate`` per second), or exactly ``count``
         messages per publisher at full speed; count deliveries until they stop coming (or, without ``drain``,
-        until the end of the duration)."""
+        until the end of the duration).  ``quiet``: the seconds without deliveries that a generator with
+        subscribers takes for their end (one without waits for nothing: the default); ``expect``: deliveries per
+        subscriber that are all there are (a fan-out of ``count`` messages), which end the run when they are in
+        (so a long ``quiet`` costs time only where some are lost)."""
         wire = self.wire
         sel = selectors.DefaultSelector()
         frames = [wire.publish(s, payload(size)) for s in subjects]
@@ -144,6 +153,8 @@ class Generator:
             counter = Counter(wire.delivery_marker)
             counters.append(counter)
             sel.register(sock, selectors.EVENT_READ, ("sub", counter))
+        quiet = _QUIET if quiet is None or not counters else quiet
+        outstanding = expect * len(counters) if expect is not None and counters else None
         stamps: list[int] = []
         tails: dict[int, bytes] = {}
         end = start + duration
@@ -165,7 +176,8 @@ class Generator:
             if not sending and all(not st["out"] for st in pubs):
                 for st in pubs:
                     want_write(st, False)
-                if now - last_progress > _QUIET or now - end > _MAX_DRAIN or (not drain and now >= end):
+                if now - last_progress > quiet or now - end > _MAX_DRAIN or (not drain and now >= end) \
+                        or (outstanding is not None and outstanding <= 0):
                     break
             slot = int((now - start) / tick)
             if rate is not None and sending:
@@ -203,7 +215,10 @@ class Generator:
                         if b"PING\r\n" in data and wire.name == "nats":
                             sock.send(b"PONG\r\n")
                         if kind == "sub":
-                            if st.feed(data):
+                            got = st.feed(data)
+                            if got:
+                                if outstanding is not None:
+                                    outstanding -= got
                                 last_recv = time.monotonic()
                                 if not first_recv:
                                     first_recv = last_recv
@@ -239,11 +254,12 @@ class Generator:
                 "last_recv": last_recv, "latencies": stamps}
 
     # -- scale ----------------------------------------------------------------------------------------------
-    def scale(self, host: str, port: int, wire: str, n: int, prefix: str) -> dict:
-        """Open ``n`` connections and subscribe each (to its own subject); -> seconds until all are confirmed."""
+    def scale(self, host: str, port: int, wire: str, n: int, prefix: str, first: int = 0) -> dict:
+        """Open ``n`` connections and subscribe each (to its own subject); -> seconds until all are confirmed.
+        ``first``: as for ``connect``."""
         self.wire = WIRES[wire]
         started = time.monotonic()
-        self.subs = [self._open(host, port) for _ in range(n)]
+        self.subs = [self._open(host, port, first + i) for i in range(n)]
         probe, answer = self.wire.confirm()
         for i, sock in enumerate(self.subs):
             sock.sendall(self.wire.subscribe(f"{prefix}.{os.getpid()}.{i}", 1) + probe)
@@ -266,7 +282,7 @@ class Generator:
             except OSError:
                 pass
         self.pubs, self.subs = [], []
-        self._info.clear()
+        self._cid_of.clear()
         return {}
 
 

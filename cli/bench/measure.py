@@ -15,7 +15,7 @@ import os
 import time
 import urllib.request
 
-from shardbroker.cli.bench import leaf, loadgen, qload, servers
+from shardbroker.cli.bench import leaf, loadgen, qload, scale, servers
 from shardbroker.cli.bench.scenarios import Scenario, Target
 
 
@@ -84,15 +84,18 @@ class OneRun:
             plan.setdefault(id(g), [g, 0, 0])[2] = n
         ours = target.server == "shardbroker"
         tls = {"ca": self._pem["ca"]} if target.tls else None
+        first = dict(zip(plan, _firsts([p + s for _, p, s in plan.values()])))
         ids = _ask(plan, lambda gid, p, s: {"op": "connect", "host": "127.0.0.1", "port": port, "wire": target.wire,
-                                           "pubs": p, "subs": s, "ids": ours and sc.distinct, "tls": tls})
+                                           "pubs": p, "subs": s, "ids": ours and sc.distinct, "tls": tls,
+                                           "first": first[gid]})
         pub_subjects, sub_subjects = self._subjects(sc, server, plan, ids)
         _ask(plan, lambda gid, p, s: {"op": "subscribe", "subjects": [[x] for x in sub_subjects[gid]]})
         start = time.monotonic() + 0.3
         cpu, gen_cpu = server.cpu_seconds(), self._gen_cpu()
         replies = _ask(plan, lambda gid, p, s: {
             "op": "run", "subjects": pub_subjects[gid], "size": self.opts.payload, "start": start,
-            "duration": self.opts.duration, "rate": sc.rate, "latency": sc.kind == "latency", "count": sc.count})
+            "duration": self.opts.duration, "rate": sc.rate, "latency": sc.kind == "latency", "count": sc.count,
+            "quiet": sc.quiet, "expect": sc.count * sc.pubs if sc.count and not sc.distinct else None})
         cpu, gen_cpu = server.cpu_seconds() - cpu, self._gen_cpu() - gen_cpu
         _ask(plan, lambda gid, p, s: {"op": "close"})
         res = self._measure(sc, plan, replies, pub_subjects, sub_subjects, start)
@@ -226,8 +229,10 @@ class OneRun:
     def _connections(self, sc: Scenario, target: Target, server: servers.Server, port: int, gens: list) -> dict:
         # On a server started for this alone: memory left over from earlier runs (and a garbage collector
         # giving it back meanwhile) would swamp what the connections cost.
-        fresh = {"shardbroker": lambda: servers.start_broker(self.opts.workers), "nats-server": servers.start_nats,
-                 "redis": servers.start_redis}[target.server]()
+        room = sc.connections + scale.FD_HEADROOM
+        fresh = {"shardbroker": lambda: self._broker({}, sc.connections),
+                 "nats-server": lambda: servers.start_nats(max_connections=room),
+                 "redis": lambda: servers.start_redis(maxclients=room)}[target.server]()
         try:
             time.sleep(0.5)
             return self._measure_connections(sc, target, fresh, fresh.ports[target.wire], gens)
@@ -238,9 +243,9 @@ class OneRun:
                              gens: list) -> dict:
         before = server.rss()
         shares = _spread(sc.connections, len(gens))
-        for g, n in zip(gens, shares):
+        for g, n, first in zip(gens, shares, _firsts(shares)):
             g.send({"op": "scale", "host": "127.0.0.1", "port": port, "wire": target.wire, "n": n,
-                    "prefix": f"bench.conn.{target.wire}"})
+                    "prefix": f"bench.conn.{target.wire}", "first": first})
         replies = _collect(gens)
         time.sleep(0.5)  # let the servers settle their buffers
         after = server.rss()
@@ -312,6 +317,12 @@ def percentiles(latencies_ns: list[int]) -> dict:
 
 def _spread(n: int, k: int) -> list[int]:
     return [n // k + (1 if i < n % k else 0) for i in range(k)]
+
+
+def _firsts(counts: list[int]) -> list[int]:
+    """The run's number of each generator's first connection, given how many each opens: the source addresses
+    are picked over the whole run's connections (cli/bench/scale.py)."""
+    return [sum(counts[:i]) for i in range(len(counts))]
 
 
 def _ask(plan: dict, make) -> dict:

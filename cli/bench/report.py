@@ -43,7 +43,7 @@ def table(result: dict) -> str:
                                                                                        "gen_cpu_us_per_msg"))
         lines.append(f"{row['title'][:34]:34} {row['target']:{width}} {value:>28} {loss:>8} {cpu:>10} {gen:>10} "
                      f"{ratio('vs_nats'):>8} {ratio('vs_redis'):>8}  {goal}")
-    servers = ", ".join(f"{k} {v}" for k, v in result["servers"].items())
+    servers = ", ".join(f"{k} {v}" for k, v in result["servers"].items()) or "none started"
     m = result["machine"]
     lines.append("")
     lines.append(f"servers: {servers}; machine: {m['cpus']} CPUs, {m['platform']}, Python {m['python']}; "
@@ -60,6 +60,8 @@ def table(result: dict) -> str:
         lines.append(f"leaf scenarios: hub nats-server {hub['version']} ({hub['binary']}); this broker with one leaf "
                      f"connection per worker ({setup['broker_links']}); {theirs}the hub's /leafz compression: {links}; "
                      f"cpu µs/msg: the leaf's")
+    for name, why in result.get("skipped", {}).items():   # scenarios the machine cannot hold (cli/bench/scale.py)
+        lines.append(f"skipped: {name}: {why}")
     writes = result.get("writes")   # older results have none
     if writes:
         lines.append("written to: " + ", ".join(f"{name} {w['dir']} ({w['filesystem'] or 'unknown'})"
@@ -86,8 +88,18 @@ def chart(result: dict, path: str) -> bool:
     through = [r for r in rows if r["kind"] == "throughput"]
     latencies = [[r for r in rows if r["kind"] == "latency" and r["scenario"] == name]
                  for name in dict.fromkeys(r["scenario"] for r in rows if r["kind"] == "latency")]
-    conns = [r for r in rows if r["kind"] == "connections"]
-    panels = [p for p in (through, *latencies, conns) if p]
+    # a panel per connection scenario (``connections``, ``conn50k``), as for latency
+    conns = [[r for r in rows if r["kind"] == "connections" and r["scenario"] == name]
+             for name in dict.fromkeys(r["scenario"] for r in rows if r["kind"] == "connections")]
+    panels = [p for p in (through, *latencies, *conns) if p]
+    if not panels:   # every scenario skipped: a chart that says so, where the table's lines say why
+        fig, ax = plt.subplots(figsize=(11, 2))
+        ax.axis("off")
+        ax.text(0.5, 0.5, "nothing ran: skipped " + ", ".join(result.get("skipped", {})), ha="center", va="center")
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return True
     fig, axes = plt.subplots(len(panels), 1, figsize=(11, 4 * len(panels)), squeeze=False)
     axes = [a[0] for a in axes]
     targets = sorted({r["target"] for r in rows})
@@ -105,12 +117,12 @@ def chart(result: dict, path: str) -> bool:
         _bars(ax, keys, targets, colors, {(k, r["target"]): r["latency_us"][k] for r in latency for k in keys})
         ax.set_ylabel("µs")
         ax.set_title(f"{latency[0]['title']}: latency percentiles (lower is better)")
-    if conns:
+    for conn in conns:
         ax = next(ax_iter)
         _bars(ax, ["seconds to connect and subscribe", "RSS per connection (KiB)"], targets, colors,
-              {**{("seconds to connect and subscribe", r["target"]): r["seconds"] for r in conns},
-               **{("RSS per connection (KiB)", r["target"]): r["rss_per_conn"] / 1024 for r in conns}})
-        ax.set_title(conns[0]["title"])
+              {**{("seconds to connect and subscribe", r["target"]): r["seconds"] for r in conn},
+               **{("RSS per connection (KiB)", r["target"]): r["rss_per_conn"] / 1024 for r in conn}})
+        ax.set_title(conn[0]["title"])
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -19,9 +19,19 @@ import statistics
 import tempfile
 from dataclasses import asdict, dataclass, field
 
-from shardbroker.cli.bench import leaf, loadgen, servers
+from shardbroker.cli.bench import leaf, loadgen, scale, servers
 from shardbroker.cli.bench.measure import OneRun
-from shardbroker.cli.bench.scenarios import ALL_TARGETS, OURS, QUEUE_BOUNDS, QUEUE_RATE, Scenario, Target, scenarios
+from shardbroker.cli.bench.scenarios import (
+    ALL_TARGETS,
+    CONNECTIONS_MAX,
+    OURS,
+    QUEUE_BOUNDS,
+    QUEUE_RATE,
+    WIDE_MAX,
+    Scenario,
+    Target,
+    scenarios,
+)
 
 
 @dataclass
@@ -39,6 +49,8 @@ class Options:
     rate: float = 20000.0
     connections: int = 10000
     qrate: float = QUEUE_RATE
+    wide_max: int = WIDE_MAX                # subscribers in wide20k
+    connections_max: int = CONNECTIONS_MAX  # connections in conn50k
     tls: bool = False       # also the TLS targets
 
 
@@ -49,10 +61,24 @@ class Bench(OneRun):
     servers: dict[str, servers.Server] = field(default_factory=dict)
     log: callable = print
     leaf_setup: dict = field(default_factory=dict)   # the leaf scenarios' hub and links, for the report
+    skipped: dict[str, str] = field(default_factory=dict)   # scenario -> why it did not run
+    most: int = 0   # the most connections a chosen scenario holds at once: the servers' limits are set for it
 
     def run(self) -> dict:
-        catalog = scenarios(self.opts.nn, self.opts.wide, self.opts.rate, self.opts.connections, self.opts.qrate)
-        chosen = [catalog[name] for name in self.opts.scenarios]
+        catalog = scenarios(self.opts.nn, self.opts.wide, self.opts.rate, self.opts.connections, self.opts.qrate,
+                            self.opts.wide_max, self.opts.connections_max)
+        scale.raise_fd_limit()   # before the servers and generators start: they inherit it
+        chosen = []
+        for sc in (catalog[name] for name in self.opts.scenarios):
+            why = scale.fd_shortfall(sc.held)
+            if why:
+                self.skipped[sc.name] = why
+                self.log(f"{sc.name}: skipped: {why}")
+            else:
+                chosen.append(sc)
+        if not chosen:
+            return self.report([], [])
+        self.most = max(sc.held for sc in chosen)
         try:
             self._start_servers(chosen)
         except BaseException:
@@ -125,7 +151,9 @@ class Bench(OneRun):
                 server = servers.start_nats_tls(self._pem)
                 if server is not None:
                     self.servers[server.name] = server
-        starters = {"nats": [servers.start_nats], "redis": [servers.start_redis]}
+        room = self.most + scale.FD_HEADROOM
+        starters = {"nats": [lambda: servers.start_nats(max_connections=room)],
+                    "redis": [lambda: servers.start_redis(maxclients=room)]}
         if any(sc.queue for sc in chosen):
             starters["nats"].append(servers.start_nats_jetstream)   # the work queues' peer on nats-server
             starters["redis"].append(lambda: servers.start_redis(aof=True))
@@ -161,7 +189,10 @@ class Bench(OneRun):
         self.log(f"leaf: hub nats-server {version} ({binary}); links: "
                  + ", ".join(f"{name} (compression {c})" for name, c in compression.items()))
 
-    def _broker(self, config: dict) -> servers.Server:
+    def _broker(self, config: dict, connections: int = 0) -> servers.Server:
+        """This broker with ``config``, and limits that take the run's connections (``connections``, or the most
+        a chosen scenario holds): the defaults for the default scenarios (cli/bench/scale.py)."""
+        config = dict(config, limits=scale.broker_limits(connections or self.most))
         with tempfile.NamedTemporaryFile("w", prefix="bench-broker-", suffix=".json", delete=False) as fh:
             json.dump(config, fh)
         try:
@@ -227,6 +258,7 @@ class Bench(OneRun):
             "writes": {name: {"dir": s.writes, "filesystem": servers.filesystem(s.writes)}
                        for name, s in self.servers.items() if s.writes and name in queue_servers},
             "options": asdict(self.opts),
+            **({"skipped": self.skipped} if self.skipped else {}),
             **({"leaf": self.leaf_setup} if self.leaf_setup and any(sc.leaf for sc in chosen) else {}),
             "summary": summary,
             "runs": self.results,

@@ -161,11 +161,21 @@ def start_broker(workers: int | None, config: str | None = None) -> Server:
     raise RuntimeError(f"the broker did not start; see {log.name}")
 
 
-def start_nats() -> Server | None:
+# nats-server's own cap on client connections (max_connections) when it is not configured
+NATS_MAX_CONNECTIONS = 64 * 1024
+
+
+def start_nats(max_connections: int = 0) -> Server | None:
+    """nats-server; ``max_connections`` above its default cap (64K) is set in a configuration file (the command
+    line has no option for it)."""
     binary = find_binary("nats-server")
     if binary is None:
         return None
     port = free_port()
+    if max_connections > NATS_MAX_CONNECTIONS:
+        http = free_port()
+        return _nats_with_config("nats-server", binary, f'listen: "127.0.0.1:{port}"\nhttp: "127.0.0.1:{http}"\n'
+                                 f"max_connections: {max_connections}\n", {"nats": port}, http)
     proc = subprocess.Popen([binary, "-a", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     wait_port(port)
@@ -276,9 +286,14 @@ def start_nats_tls(pem: dict[str, str]) -> Server | None:
     return Server("nats-server-tls", version_of([binary, "--version"]), {"nats": port}, proc)
 
 
-def start_redis(aof: bool = False) -> Server | None:
+REDIS_MAXCLIENTS = 15_000   # the bench's least maxclients (Redis's default is 10,000)
+
+
+def start_redis(aof: bool = False, maxclients: int = REDIS_MAXCLIENTS) -> Server | None:
     """Redis with nothing on disk; with ``aof``, with its append-only file synced once a second (``redis-aof``:
-    the peer of this broker's queue journal, which is written before every reply)."""
+    the peer of this broker's queue journal, which is written before every reply).  ``maxclients``: Redis raises
+    its own soft limit on open files to it (and lowers it, with a warning in its log, where the hard limit is
+    below)."""
     binary = find_binary("redis-server")
     if binary is None:
         return None
@@ -291,7 +306,8 @@ def start_redis(aof: bool = False) -> Server | None:
         store = tempfile.mkdtemp(prefix="bench-redis-aof-", dir=runtime.default_parent())
         persistence = ["--save", "", "--appendonly", "yes", "--appendfsync", "everysec", "--dir", store]
     proc = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", str(port), *persistence,
-                             "--maxclients", "15000", "--protected-mode", "no", "--loglevel", "warning"],
+                             "--maxclients", str(max(REDIS_MAXCLIENTS, maxclients)), "--protected-mode", "no",
+                             "--loglevel", "warning"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     wait_port(port)
     return Server("redis-aof" if aof else "redis", version_of([binary, "--version"]), {"redis": port}, proc,
