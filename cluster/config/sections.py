@@ -126,6 +126,9 @@ class WorkersConfig:
     boot_timeout: float = field(default=30.0, metadata=_meta(1, 600))
     heartbeat_timeout: float = field(default=10.0, metadata=_meta(1, 600))
     event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
+    # Workers forked from one process that imported their modules once (cluster.supervisor.forkserver); false: each
+    # worker is a fresh interpreter, which reads the code on disk again (a replacement after an upgrade in place).
+    fork_server: bool = True
 
     def resolved_count(self) -> int:
         return (os.cpu_count() or 1) if self.count == "auto" else int(self.count)

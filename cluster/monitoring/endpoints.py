@@ -184,8 +184,8 @@ class Monitor:
         entry["state"] = "unresponsive" if reply.get("unresponsive") else slot.state if slot is not None else "dead"
         if slot is not None:
             mono = time.monotonic()
-            entry.update(restarts=slot.restarts, start=_iso(now - (mono - slot.started)),
-                         heartbeat_age=round(mono - slot.last_heartbeat, 3))
+            entry.update(restarts=slot.restarts, started_by=slot.process.started_by,
+                         start=_iso(now - (mono - slot.started)), heartbeat_age=round(mono - slot.last_heartbeat, 3))
         if sample is not None:
             entry.update(rss=sample.rss, cpu=round(sample.cpu_percent, 1), cpu_seconds=round(sample.cpu_seconds, 2),
                          fds=sample.open_fds)

@@ -41,9 +41,9 @@ from shardbroker.cluster.supervisor import datadir, systemd
 from shardbroker.cluster.supervisor.acceptor import Acceptor, Listener
 from shardbroker.cluster.supervisor.admission import Admission
 from shardbroker.cluster.supervisor.command_socket import CommandServer
+from shardbroker.cluster.supervisor.forkserver import Launcher
 from shardbroker.cluster.supervisor.handoff import Handoff
 from shardbroker.cluster.supervisor.lameduck import LameDuck
-from shardbroker.cluster.supervisor.launch import WorkerProcess
 from shardbroker.cluster.supervisor.listeners import adopt, open_listeners
 from shardbroker.cluster.supervisor.messages import WorkerMessages
 from shardbroker.cluster.supervisor.reload import Outcome, Reloader
@@ -54,11 +54,9 @@ from shardbroker.workers import speedups
 if TYPE_CHECKING:
     from shardbroker.cluster.monitoring.endpoints import Monitor
 
-# Start-up (docs/performance-notes.md, scripts/measure/startup_time.py): the workers' interpreters are started all at
-# once,
-# without importing any of their modules here; what the supervisor needs only once they are up (monitoring, the
-# package version) is imported while they import theirs, and the configured passwords are hashed on threads
-# meanwhile.
+# Start-up (docs/performance-notes.md, scripts/measure/startup_time.py): the workers are forked by the fork server
+# (cluster.supervisor.forkserver) and boot all at once; none of their modules is imported here.  What the supervisor
+# needs only once they are up (monitoring, the version) comes while they boot; passwords are hashed on threads.
 
 log = logging.getLogger("broker.supervisor")
 
@@ -75,6 +73,7 @@ class Supervisor:
         self._early_stops = early_stops if early_stops is not None else []
         self.nworkers = config.workers.resolved_count()
         self.slots: list[WorkerSlot | None] = [None] * self.nworkers
+        self.launcher = Launcher(config.workers, lambda: self._stop is not None)   # starts the workers
         self.runtime_dir = ""
         self._data_dir_lock: int | None = None   # held for the process's life (cluster.supervisor.datadir)
         self.listeners: list[Listener] = []
@@ -167,6 +166,7 @@ class Supervisor:
                 lst.sock.close()
             if self._monitor_sock is not None:
                 self._monitor_sock.close()
+            self.launcher.close()   # the fork server goes: nothing the broker started outlives it
             if self.runtime_dir:
                 runtime.remove(self.runtime_dir)
             self.notifier.close()
@@ -349,11 +349,11 @@ class Supervisor:
 
     # -- workers --------------------------------------------------------------------------------------------
     def _spawn(self, index: int, send_args: bool = True) -> None:
-        """Start worker ``index`` (workers.entry, in a fresh interpreter); it reports ``ready`` once it has
-        joined the fabric.  Returns at once: all the workers boot at the same time."""
+        """Start worker ``index`` (workers.entry: forked, or a fresh interpreter); it reports ``ready`` once it
+        has joined the fabric.  Returns at once: all the workers boot at the same time."""
         self._epoch += 1
         loop = asyncio.get_running_loop()
-        proc = WorkerProcess(index)
+        proc = self.launcher.spawn(index)
         before = self.slots[index]
         slot = WorkerSlot(index, self._epoch, proc, pid=proc.pid,
                           restarts=before.restarts + 1 if before is not None else 0)

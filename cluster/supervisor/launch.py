@@ -1,13 +1,15 @@
-"""Starting worker processes: fresh interpreters that run ``workers.entry``, their arguments sent over a pipe.
+"""Starting worker processes as fresh interpreters, and what the supervisor holds of each worker, however started.
 
-Each worker is a new interpreter (no worker is a fork of a process that ran an event loop or read plaintext
-passwords), started with the supervisor's interpreter flags plus ``-S``: the supervisor's ``sys.path`` is handed
-over whole, so the ``site`` module (and an editable install's path hooks, ~15 ms per process) has nothing left to
-do.  Unlike multiprocessing's ``spawn`` method this starts no resource-tracker process, never re-runs the
-supervisor's ``__main__`` (the ``brokerctl`` script would import the whole CLI into every worker), and needs none
-of the workers' modules in the supervisor.
+A worker is forked by the fork server where there is one (``cluster.supervisor.forkserver``, ``ForkedWorker``): a
+process that imported the workers' modules once.  Where there is none (not Linux, ``workers.fork_server`` off, or
+the fork server failed), and to start the fork server itself, a fresh interpreter is started: no worker is a fork
+of a process that ran an event loop or read plaintext passwords.  It gets the supervisor's interpreter flags plus
+``-S``: the supervisor's ``sys.path`` is handed over whole, so the ``site`` module (and an editable install's path
+hooks, ~15 ms per process) has nothing left to do.  Unlike multiprocessing's ``spawn`` method this starts no
+resource-tracker process, never re-runs the supervisor's ``__main__`` (the ``brokerctl`` script would import the
+whole CLI into every worker), and needs none of the workers' modules in the supervisor.
 
-A worker's start-up is mostly its own imports (~0.1 s: asyncio, uvloop, zmq, the hub), and it reads its
+A fresh worker's start-up is mostly its own imports (~0.1 s: asyncio, uvloop, zmq, the hub), and it reads its
 arguments only once they are done: the supervisor starts every worker at once, then prepares and sends their
 arguments (``send_args``) while they import.  A worker whose boot pipe closes without arguments exits quietly
 (the supervisor died first).
@@ -27,17 +29,25 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-# The worker's command line is `<python> <flags> -S -c BOOT broker-worker <index> <boot fd> <control fd>`.  With
-# -S no site hook runs, so the package is found where the supervisor found it: the folder that holds its
-# __init__.py, which an editable install (the repository's root) names nothing like "shardbroker".
+from shardbroker.workers.entry import MARKER
+
+# A fresh worker's command line is `<python> <flags> -S -c BOOT broker-worker <index> <boot fd> <control fd>`, the
+# fork server's the same with its own module and `broker-forkserver <request fd>`.  With -S no site hook runs, so
+# the package is found where the supervisor found it: the folder that holds its __init__.py, which an editable
+# install (the repository's root) names nothing like "shardbroker".
 PATH_ENV = "BROKER_WORKER_SYS_PATH"
 PACKAGE_ENV = "BROKER_WORKER_PACKAGE"
-BOOT = (f"import os, sys, importlib.util as u; sys.path[:0] = os.environ.pop({PATH_ENV!r}).split(os.pathsep); "
-        f"r = os.environ.pop({PACKAGE_ENV!r}); s = u.spec_from_file_location('shardbroker', "
-        "os.path.join(r, '__init__.py'), submodule_search_locations=[r]); "
-        "m = sys.modules['shardbroker'] = u.module_from_spec(s); s.loader.exec_module(m); "
-        "from shardbroker.workers.entry import main; main()")
-MARKER = "broker-worker"
+
+
+def _boot(module: str) -> str:
+    return (f"import os, sys, importlib.util as u; sys.path[:0] = os.environ.pop({PATH_ENV!r}).split(os.pathsep); "
+            f"r = os.environ.pop({PACKAGE_ENV!r}); s = u.spec_from_file_location('shardbroker', "
+            "os.path.join(r, '__init__.py'), submodule_search_locations=[r]); "
+            "m = sys.modules['shardbroker'] = u.module_from_spec(s); s.loader.exec_module(m); "
+            f"from {module} import main; main()")
+
+
+BOOT = _boot("shardbroker.workers.entry")
 
 
 def _package_folder() -> str:
@@ -67,12 +77,29 @@ def _pidfd_works() -> bool:
 _PIDFD = _pidfd_works()
 
 
+def interpreter(module: str, args: list[str], pass_fds: list[int]) -> subprocess.Popen:
+    """A fresh interpreter running ``module``'s ``main`` with ``sys.argv[1:]`` = ``args``, holding ``pass_fds``."""
+    cmd = [sys.executable, *subprocess._args_from_interpreter_flags(), "-S", "-c", _boot(module), *args]
+    env = dict(os.environ)
+    env[PATH_ENV] = os.pathsep.join(_worker_sys_path())
+    env[PACKAGE_ENV] = _package_folder()
+    # A process group of its own: a terminal's Ctrl-C (SIGINT to the foreground group) reaches the supervisor
+    # alone, which stops the workers in order; a worker still importing its modules would otherwise die of it
+    # with a KeyboardInterrupt traceback, and the start end as a failed boot.
+    return subprocess.Popen(cmd, pass_fds=pass_fds, stdin=subprocess.DEVNULL, env=env, process_group=0)
+
+
 class WorkerProcess:
     """One worker process, with what the supervisor needs of it: ``pid``, ``sentinel`` (readable once it has
     exited), ``join``, ``exitcode`` (negative: killed by that signal), as multiprocessing's Process has them,
     ``ctl_sock``, the supervisor's end of its control socketpair (cluster.control), and ``worker_sock``, a copy of
     the worker's end: never read while the worker lives, it keeps what the worker did not read readable after it
-    died (``unread``), where it would otherwise be dropped with the worker's descriptors."""
+    died (``unread``), where it would otherwise be dropped with the worker's descriptors.
+
+    This one is a fresh interpreter; ``cluster.supervisor.forkserver.ForkedWorker`` is the same for a fork of the
+    fork server, started by ``_start`` the other way.  ``started_by`` says which (``/varz``)."""
+
+    started_by = "exec"
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -81,33 +108,42 @@ class WorkerProcess:
         # = control.socketpair(), which would import asyncio here
         self.ctl_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         boot_r, self._boot_w = os.pipe()
-        watch_r, watch_w = (-1, -1) if _PIDFD else os.pipe()  # without pidfds: EOF once the worker is gone
-        cmd = [sys.executable, *subprocess._args_from_interpreter_flags(), "-S", "-c", BOOT,
-               MARKER, str(index), str(boot_r), str(child_sock.fileno())]
-        env = dict(os.environ)
-        env[PATH_ENV] = os.pathsep.join(_worker_sys_path())
-        env[PACKAGE_ENV] = _package_folder()
+        self.sentinel = -1
         try:
-            # A process group of its own: a terminal's Ctrl-C (SIGINT to the foreground group) reaches the
-            # supervisor alone, which stops the workers in order; a worker still importing its modules would
-            # otherwise die of it with a KeyboardInterrupt traceback, and the start end as a failed boot.
-            self._popen = subprocess.Popen(
-                cmd, pass_fds=[fd for fd in (boot_r, child_sock.fileno(), watch_w) if fd >= 0],
-                stdin=subprocess.DEVNULL, env=env, process_group=0)
+            try:
+                self.pid = self._start(boot_r, child_sock)
+            finally:
+                # before the sentinel is opened, which takes its number: the supervisor's descriptors stay dense
+                # (with its open-files limit lowered to their count, an accept fails: scripts/stress/faults.py fds)
+                os.close(boot_r)
+            if self.sentinel < 0:
+                self.sentinel = self._open_sentinel()
         except BaseException:
-            for fd in (self._boot_w, watch_r):
-                if fd >= 0:
-                    os.close(fd)
+            os.close(self._boot_w)
             self.ctl_sock.close()
             child_sock.close()
             raise
-        finally:
-            for fd in (boot_r, watch_w):
-                if fd >= 0:
-                    os.close(fd)
         self.worker_sock = child_sock
-        self.pid = self._popen.pid
-        self.sentinel = os.pidfd_open(self.pid) if _PIDFD else watch_r
+
+    def _start(self, boot_r: int, child_sock: socket.socket) -> int:
+        """Start the worker with these descriptors -> its pid."""
+        watch_r, watch_w = (-1, -1) if _PIDFD else os.pipe()  # without pidfds: EOF once the worker is gone
+        try:
+            self._popen = interpreter("shardbroker.workers.entry",
+                                      [MARKER, str(self.index), str(boot_r), str(child_sock.fileno())],
+                                      [fd for fd in (boot_r, child_sock.fileno(), watch_w) if fd >= 0])
+        except BaseException:
+            if watch_r >= 0:
+                os.close(watch_r)
+            raise
+        finally:
+            if watch_w >= 0:
+                os.close(watch_w)
+        self.sentinel = watch_r
+        return self._popen.pid
+
+    def _open_sentinel(self) -> int:
+        return os.pidfd_open(self.pid)
 
     def send_args(self, args: tuple[Any, ...], add_writer: Callable[[int, Callable[[], None]], None],
                   remove_writer: Callable[[int], None]) -> None:
@@ -158,14 +194,20 @@ class WorkerProcess:
         return out
 
     def join(self, timeout: float | None = None) -> None:
-        try:
-            self._popen.wait(timeout)
-        except subprocess.TimeoutExpired:
+        if not self._wait(timeout):
             return
         if self.sentinel >= 0:
             os.close(self.sentinel)
             self.sentinel = -1
         self._close_boot()
+
+    def _wait(self, timeout: float | None) -> bool:
+        """Wait for the exit (reaping it); False if it has not come in ``timeout`` seconds."""
+        try:
+            self._popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
 
     @property
     def exitcode(self) -> int | None:

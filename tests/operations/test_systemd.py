@@ -122,7 +122,9 @@ def test_watchdog_usec_meant_for_another_pid_is_ignored(start_broker, notify):
 @pytest.mark.exclusive   # stops the replacement worker in the ~0.3 s before it boots
 def test_watchdog_withheld_only_while_no_worker_can_come_back(start_broker, notify):
     """One stuck worker is the supervisor's to replace; no worker ready for over half the interval is not."""
-    b = start_broker(workers=1, env={**notify.env(), "WATCHDOG_USEC": "1000000"}, prefix=WITH_OWN_PID)
+    # fresh interpreters: a forked replacement boots in ~20 ms, before it can be caught booting
+    b = start_broker(workers=1, env={**notify.env(), "WATCHDOG_USEC": "1000000"}, prefix=WITH_OWN_PID,
+                     config={"workers": {"fork_server": False}})
     notify.wait_for("READY", "1")
     old = b.pids[0]
     os.kill(old, signal.SIGKILL)
@@ -191,7 +193,8 @@ def test_a_fatal_start_says_why_with_an_errno(tmp_path, notify):
 
 
 def test_a_worker_that_cannot_boot_ends_the_broker_with_its_reason_as_the_last_status(start_broker, notify):
-    b = start_broker(workers=1, env=notify.env())
+    # fresh interpreters: a forked replacement boots in ~20 ms, before it can be killed booting
+    b = start_broker(workers=1, env=notify.env(), config={"workers": {"fork_server": False}})
     old = b.pids[0]
     os.kill(old, signal.SIGKILL)
     supervisor = psutil.Process(b.proc.pid)
