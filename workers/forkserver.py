@@ -31,6 +31,7 @@ import faulthandler
 import gc
 import importlib
 import os
+import resource
 import signal
 import socket
 import struct
@@ -61,6 +62,7 @@ def main() -> None:
     defaults = {signum: signal.signal(signum, signal.SIG_IGN) for signum in _IGNORED}
     faulthandler.enable()
     _die_with_parent()
+    _raise_open_files_limit()
     _preload()
     # Out of the collector's way in every worker for good (a worker's boot collects once, then freezes): neither
     # walked at each full collection nor written to by it, which would copy the shared pages into each worker.
@@ -195,6 +197,17 @@ def _retitle(args: list[str]) -> None:
     if not start or len(data) > end - start:
         return
     ctypes.memmove(start, data + bytes(end - start - len(data)), end - start)
+
+
+def _raise_open_files_limit() -> None:
+    """The hard limit, as the supervisor takes it for its workers (it may not have yet: ``prestart``)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    hard = 1 << 20 if hard == resource.RLIM_INFINITY else hard
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass
 
 
 def _threads() -> int:

@@ -1,8 +1,8 @@
 """A worker process: one event loop, its share of the connections, its shard of the subjects.
 
-Started by the supervisor in a fresh interpreter (``cluster.supervisor.launch`` runs ``workers.entry``, which calls
-``main``:
-nothing of the supervisor's loop is inherited).  Its life:
+Forked by the fork server (``workers.forkserver``), or started by the supervisor as a fresh interpreter
+(``cluster.supervisor.launch``); either way ``workers.entry`` calls ``main``, and nothing of the supervisor's loop
+is inherited.  Its life:
 
 1. boot: event loop, hub, fabric; hello to every other worker.  Any failure here is reported to the supervisor
    (``boot_error``) and the process exits with ``EXIT_BOOT_FAILED``, which stops the supervisor instead of making

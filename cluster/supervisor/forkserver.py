@@ -7,18 +7,21 @@ them once, when the broker starts; a worker is then a fork and its own boot (doc
 
 ``Launcher.spawn`` hands back a ``WorkerProcess`` either way, with the same face.  The supervisor makes itself a
 child subreaper first, so that a worker the fork server forked (by way of a child that exits at once) is its child:
-it waits for it and reads its exit status as for any other.  The broker's start waits for its fork server to be
-ready; a replacement never waits, and is a fresh interpreter while the fork server is not there.  Where it cannot be
-used (not Linux, no pidfds, the prctl refused; ``workers.fork_server: false``), every worker is a fresh interpreter.
-A fork server that dies is restarted for the later workers, unless it dies again and again; one that fails a
-request (or does not answer in ``FORK_TIMEOUT``) is killed, and restarted.  Each time, the log says so once.  Its
-exit is never a worker's: it is watched apart.  It goes with the broker: its request socket closed, it exits (it
-reads EOF, as when the supervisor dies), and is reaped before the supervisor exits.
+it waits for it and reads its exit status as for any other.  ``brokerctl start`` starts the fork server first
+thing (``prestart``: its imports then run while the CLI's and the supervisor's do, on another core), and the
+broker's start waits for it to be ready; a replacement never waits, and is a fresh interpreter while the fork
+server is not there.  Where it cannot be used (not Linux, no pidfds, the prctl refused; ``workers.fork_server:
+false``, which stops the one ``prestart`` started), every worker is a fresh interpreter.  A fork server that dies
+is restarted for the later workers, unless it dies again and again; one that fails a request (or does not answer
+in ``FORK_TIMEOUT``) is killed, and restarted.  Each time, the log says so once.  Its exit is never a worker's: it
+is watched apart.  It goes with the broker: its request socket closed, it exits (it reads EOF, as when the
+supervisor dies), and is reaped before the supervisor exits (or at exit, by ``atexit``, when the start failed
+before it was used).
 """
 
 from __future__ import annotations
 
-import asyncio
+import atexit
 import ctypes
 import logging
 import os
@@ -30,10 +33,16 @@ import sys
 import time
 import weakref
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from shardbroker.cluster.config.sections import WorkersConfig
 from shardbroker.cluster.supervisor import launch
+from shardbroker.cluster.supervisor.systemd import LISTEN_VARS, NOTIFY_VARS
 from shardbroker.workers.forkserver import MARKER, MAX_REPLY, REPLY, REQUEST
+
+if TYPE_CHECKING:   # not imported here: ``prestart`` runs before anything heavy is imported
+    import asyncio
+
+    from shardbroker.cluster.config.sections import WorkersConfig
 
 log = logging.getLogger("broker.supervisor")
 
@@ -52,8 +61,10 @@ class ForkServer:
     def __init__(self) -> None:
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
+            # Without systemd's variables even when started before the supervisor took them (``prestart``): the
+            # workers' environment is the fork server's
             self._popen = launch.interpreter("shardbroker.workers.forkserver", [MARKER, str(theirs.fileno())],
-                                             [theirs.fileno()])
+                                             [theirs.fileno()], drop=NOTIFY_VARS + LISTEN_VARS)
         except BaseException:
             self.sock.close()
             raise
@@ -197,8 +208,16 @@ class Launcher:
         return proc
 
     def _begin(self) -> None:
+        global _early
+        early, _early = _early, None
         if not self._config.fork_server:
+            if early is not None:
+                early.stop()
             log.info("workers.fork_server is off: every worker starts as a fresh interpreter")
+            return
+        if early is not None:
+            self._server = early
+            log.debug("fork server started (pid %d)", early.pid)
             return
         why = _unavailable()
         if why is not None:
@@ -216,6 +235,8 @@ class Launcher:
 
     def _watch(self, server: ForkServer) -> None:
         if server.watched is None:
+            import asyncio  # the supervisor imported it long ago; prestart (this module) must not
+
             server.watched = asyncio.get_running_loop()
             server.watched.add_reader(server.sentinel, self._on_exit, server)
 
@@ -271,6 +292,29 @@ class Launcher:
         self._closed = True
         if self._server is not None:
             self._drop(self._server)
+
+
+_early: ForkServer | None = None   # started by ``prestart``, not yet the Launcher's
+
+
+def prestart() -> None:
+    """Start the fork server now (``brokerctl start``, first thing): its imports (~0.1 s) run while the CLI's, the
+    configuration's and the supervisor's do, instead of after them.  The supervisor's ``Launcher`` takes it (or
+    stops it: ``workers.fork_server: false``); a start that fails before that stops it at exit."""
+    global _early
+    if _early is None and _unavailable() is None:
+        try:
+            _early = ForkServer()
+        except OSError:   # the Launcher says why, when it tries again
+            return
+        atexit.register(_stop_early)
+
+
+def _stop_early() -> None:
+    global _early
+    if _early is not None:
+        _early.stop()
+        _early = None
 
 
 def _how(code: int | None) -> str:

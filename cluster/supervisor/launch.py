@@ -77,10 +77,11 @@ def _pidfd_works() -> bool:
 _PIDFD = _pidfd_works()
 
 
-def interpreter(module: str, args: list[str], pass_fds: list[int]) -> subprocess.Popen:
-    """A fresh interpreter running ``module``'s ``main`` with ``sys.argv[1:]`` = ``args``, holding ``pass_fds``."""
+def interpreter(module: str, args: list[str], pass_fds: list[int], drop: tuple[str, ...] = ()) -> subprocess.Popen:
+    """A fresh interpreter running ``module``'s ``main`` with ``sys.argv[1:]`` = ``args``, holding ``pass_fds``,
+    with this process's environment but the variables in ``drop``."""
     cmd = [sys.executable, *subprocess._args_from_interpreter_flags(), "-S", "-c", _boot(module), *args]
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     env[PATH_ENV] = os.pathsep.join(_worker_sys_path())
     env[PACKAGE_ENV] = _package_folder()
     # A process group of its own: a terminal's Ctrl-C (SIGINT to the foreground group) reaches the supervisor
