@@ -5,6 +5,7 @@
     .venv/bin/python scripts/measure/startup_time.py --workers 2 --runs 20 --security off
     .venv/bin/python scripts/measure/startup_time.py --nats-server  # nats-server's own start-up, for comparison
     .venv/bin/python scripts/measure/startup_time.py --bytecode     # with compiled bytecode, as an installed package
+    .venv/bin/python scripts/measure/startup_time.py --workers 1,4 --security off --fork-server off,on --runs 20
 
 Each run starts ``python -m shardbroker.cli start --workers N --port 0 --nats-port 0 --monitor-port 0`` in its own
 session, reads its stderr until the ready line (which names the monitoring port), then polls ``/varz`` until it answers
@@ -170,17 +171,15 @@ def main() -> None:
     ap.add_argument("--bytecode", action="store_true",
                     help="run with compiled bytecode (a private PYTHONPYCACHEPREFIX), as an installed package")
     ap.add_argument("--json", help="write every sample to this file")
+    ap.add_argument("--fork-server", default="on",
+                    help="workers.fork_server: on (default), off, or off,on (each with every worker count)")
     args = ap.parse_args()
 
     tmp = tempfile.mkdtemp(prefix="startup-time-")
-    config_path = os.path.join(tmp, "secure.json")
-    with open(config_path, "w") as fh:
-        json.dump({"security": {"enabled": True, "iterations": args.iterations,
-                                "admin_user": {"username": "admin", "password": "admin-secret",
-                                               "permissions": ["admin"]},
-                                "users": [{"username": "alice", "password": "alice-secret",
-                                           "permissions": ["publish:*", "subscribe:*"]}]}}, fh)
-    os.chmod(config_path, 0o600)
+    secure = {"security": {"enabled": True, "iterations": args.iterations,
+                           "admin_user": {"username": "admin", "password": "admin-secret", "permissions": ["admin"]},
+                           "users": [{"username": "alice", "password": "alice-secret",
+                                      "permissions": ["publish:*", "subscribe:*"]}]}}
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if args.bytecode:
         env["PYTHONPYCACHEPREFIX"] = os.path.join(tmp, "pycache")
@@ -194,19 +193,33 @@ def main() -> None:
             else:
                 samples = [nats_run(binary) for _ in range(args.runs)]
                 print(f"nats-server                 /varz 200: {fmt([s[1] for s in samples])}")
-        for security in [s for s in args.security.split(",") if s]:
-            for n in [int(w) for w in args.workers.split(",") if w]:
-                cmd = [args.python, "-m", "shardbroker.cli", "start", "--workers", str(n), "--port", "0",
-                       "--nats-port", "0", "--monitor-port", "0"]
-                if security == "on":
-                    cmd += ["--config", config_path]
-                one_run(cmd, env)  # warm the page cache (and the bytecode cache); not counted
-                samples = [one_run(cmd, env) for _ in range(args.runs)]
-                label = f"workers={n} security={security:3}"
-                print(f"{label}  ready line: {fmt([s[0] for s in samples])}", flush=True)
-                print(f"{' ' * len(label)}   /varz 200: {fmt([s[1] for s in samples])}", flush=True)
-                results.append({"workers": n, "security": security, "ready_line": [s[0] for s in samples],
-                                "varz": [s[1] for s in samples]})
+        counts = [int(w) for w in args.workers.split(",") if w]
+        for security, fork in [(s, f) for s in args.security.split(",") if s for f in args.fork_server.split(",") if f]:
+            config_path = os.path.join(tmp, f"config-{security}-{fork}.json")
+            with open(config_path, "w") as fh:
+                json.dump({**(secure if security == "on" else {}), "workers": {"fork_server": fork == "on"}}, fh)
+            os.chmod(config_path, 0o600)
+            cmds = {}
+            for n in counts:
+                cmds[n] = [args.python, "-m", "shardbroker.cli", "start", "--workers", str(n), "--port", "0",
+                           "--nats-port", "0", "--monitor-port", "0", "--config", config_path]
+                one_run(cmds[n], env)  # warm the page cache (and the bytecode cache); not counted
+            # The counts alternate, run by run: a change in the machine's load shows in every count alike, and the
+            # ratios between them (the fork server's promise: 4 workers within 1.3 times 1 worker) hold within a run.
+            samples: dict[int, list[tuple[float, float]]] = {n: [] for n in counts}
+            for _ in range(args.runs):
+                for n in counts:
+                    samples[n].append(one_run(cmds[n], env))
+            base = statistics.median(s[0] for s in samples[counts[0]])
+            for n in counts:
+                label = f"workers={n} security={security:3} fork_server={fork:3}"
+                ratio = statistics.median(s[0] for s in samples[n]) / base
+                print(f"{label}  ready line: {fmt([s[0] for s in samples[n]])}  "
+                      f"({ratio:.2f}x workers={counts[0]})", flush=True)
+                print(f"{' ' * len(label)}   /varz 200: {fmt([s[1] for s in samples[n]])}", flush=True)
+                results.append({"workers": n, "security": security, "fork_server": fork,
+                                "ready_line": [s[0] for s in samples[n]],
+                                "varz": [s[1] for s in samples[n]]})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if args.json:

@@ -2,6 +2,7 @@
 """Faults, injected into a real broker under load, and what the broker promises about each (docs/reliability.md).
 
     .venv/bin/python scripts/stress/faults.py kill9 --kills 100  # kill -9 of a worker: recovery time, no loss elsewhere
+    .venv/bin/python scripts/stress/faults.py kill9 --kills 100 --no-fork-server   # replacements: fresh interpreters
     .venv/bin/python scripts/stress/faults.py sigstop            # a worker stopped past fabric.stall_timeout
     .venv/bin/python scripts/stress/faults.py supervisor         # the supervisor killed: no orphan survives
     .venv/bin/python scripts/stress/faults.py fds                # the supervisor out of file descriptors: no busy loop
@@ -133,23 +134,40 @@ def _worker_pid(b: Broker, index: int) -> int:
     raise RuntimeError(f"no worker {index}")
 
 
+def _served_by(port: int, worker: int, timeout: float = 10.0) -> float:
+    """The epoch time at which a new connection was first answered by ``worker`` (tried every 2 ms)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError, KeyError), Raw(port, timeout=2) as c:
+            if c.request({"op": "info"})["info"]["worker"] == worker:
+                return time.time()
+        time.sleep(0.002)
+    raise RuntimeError(f"no connection served by worker {worker} in {timeout}s")
+
+
 def _workdir() -> tempfile.TemporaryDirectory:
     return tempfile.TemporaryDirectory(prefix="faults-")
 
 
 # -- kill -9 of a worker ---------------------------------------------------------------------------------------
-def kill9(kills: int = 100, per_broker: int = 10, rate: float = 500.0, workers: int = 3) -> dict:
+def kill9(kills: int = 100, per_broker: int = 10, rate: float = 500.0, workers: int = 3,
+          fork_server: bool = True) -> dict:
     """Kill worker 0 again and again while workers 1 and 2 carry pub/sub traffic between them (and worker 0 its
-    own).  A fresh broker every ``per_broker`` kills: more than 10 deaths in 60 s is a crash loop, and stops it."""
+    own).  A fresh broker every ``per_broker`` kills: more than 10 deaths in 60 s is a crash loop, and stops it.
+    ``back_ms``: from the kill to the supervisor's ``is back`` line (the replacement has joined the fabric and gets
+    connections); ``serving_ms``: to the first new connection answered by the replacement (a client polls)."""
     back_ms: list[float] = []
+    serving_ms: list[float] = []
     streams = []
     ok = True
+    started_by = None   # how the last replacement started (/varz): "forkserver", or "exec" (a fresh interpreter)
     with _workdir() as tmp:
         done = 0
         while done < kills:
             # every "is back" line is wanted, with its own time: the log's flood control would sum up the 6th
             # and later ones in a 10 s window
-            b = Broker(Path(tmp), workers=workers, config={"logging": {"flood_burst": 100_000}}).start()
+            b = Broker(Path(tmp), workers=workers, config={"logging": {"flood_burst": 100_000},
+                                                           "workers": {"fork_server": fork_server}}).start()
             try:
                 stream = Stream(b.port, f"survivors.{done}", 1, [1, 2], rate).start()
                 victim_load = None
@@ -161,6 +179,7 @@ def kill9(kills: int = 100, per_broker: int = 10, rate: float = 500.0, workers: 
                     after = len(b.log())
                     t_kill = time.time()
                     os.kill(pid, signal.SIGKILL)
+                    serving_ms.append((_served_by(b.port, 0) - t_kill) * 1000)
                     m = b.wait_log(r"(\S+ \S+) \[supervisor\] INFO broker.supervisor: worker 0 is back", 10, after)
                     back_ms.append((_log_time(m.group(1)) - t_kill) * 1000)
                     done += 1
@@ -168,16 +187,20 @@ def kill9(kills: int = 100, per_broker: int = 10, rate: float = 500.0, workers: 
                         victim_load._stop.set()
                         victim_load._done.set()
                         victim_load = None
+                started_by = b.varz()["workers"][0].get("started_by")
                 streams.append(stream.stop())
             finally:
                 b.close()
     lost = sum(s[f"worker{w}"]["lost"] + s[f"worker{w}"]["duplicates"] for s in streams for w in (1, 2))
-    ok = lost == 0 and all(not s["errors"] for s in streams) and max(back_ms) < 1000
+    ok = lost == 0 and all(not s["errors"] for s in streams) and max(back_ms) < 1000 and max(serving_ms) < 1000
     q = statistics.quantiles(back_ms, n=10) if len(back_ms) > 1 else back_ms * 9
     return {"fault": "kill9", "ok": ok, "kills": len(back_ms), "workers": workers, "rate_per_stream": rate,
             "back_ms": {"min": round(min(back_ms)), "median": round(statistics.median(back_ms)),
                         "p90": round(min(q[8], max(back_ms))), "max": round(max(back_ms))},
             "back_ms_all": [round(x) for x in back_ms],
+            "serving_ms": {"min": round(min(serving_ms)), "median": round(statistics.median(serving_ms)),
+                           "max": round(max(serving_ms))},
+            "started_by": started_by,
             "survivor_messages": sum(s["sent"] for s in streams), "survivor_lost_or_duplicated": lost,
             "survivor_longest_gap_s": max(s[f"worker{w}"]["longest_gap_s"] for s in streams for w in (1, 2)),
             "errors": [e for s in streams for e in s["errors"]],
@@ -388,13 +411,16 @@ def main() -> int:
     ap.add_argument("fault", choices=[*FAULTS, "all"])
     ap.add_argument("--kills", type=int, default=100, help="kill9: how many kills")
     ap.add_argument("--rate", type=float, default=500.0, help="kill9: messages/s per publisher")
+    ap.add_argument("--no-fork-server", action="store_true",
+                    help="kill9: workers.fork_server off (replacements are fresh interpreters)")
     args = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     ok = True
     for name in FAULTS if args.fault == "all" else [args.fault]:
         fn = FAULTS[name]
-        kwargs = {"kills": args.kills if args.fault == "kill9" else 5, "rate": args.rate} if name == "kill9" else {}
+        kwargs = {"kills": args.kills if args.fault == "kill9" else 5, "rate": args.rate,
+                  "fork_server": not args.no_fork_server} if name == "kill9" else {}
         result = fn(**kwargs)
         print(json.dumps(result), flush=True)
         ok = ok and result["ok"]
