@@ -77,7 +77,11 @@ class Fabric:
         self.stall_timeout = stall_timeout
         self.links = {p: Link(p) for p in range(workers) if p != index}
         self._dirty: set[int] = set()
-        self._waiters: list[tuple[dict[int, int] | None, Callable[[], None]]] = []
+        # Sync points: the callbacks added since the last flush, then one entry per flush that had any (what each
+        # peer must acknowledge, the callbacks in the order they came).  Thousands of clients subscribing at once
+        # add thousands of callbacks a turn; an ack checks one entry per flush, not one per callback.
+        self._unfixed: list[Callable[[], None]] = []
+        self._waiters: list[tuple[dict[int, int], list[Callable[[], None]]]] = []
         self._asking = False   # a sync point was added since the last flush: the peers are asked for acks
         self._congested = False
         self._input_paused: set[str] = set()
@@ -152,7 +156,7 @@ class Fabric:
 
     def when_processed(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once every up peer has processed every frame queued to it so far."""
-        self._waiters.append((None, callback))  # requirements are fixed at the next flush, when seqs are known
+        self._unfixed.append(callback)  # its requirement is fixed at the next flush, when seqs are known
         self._asking = True
 
     def flush(self) -> None:
@@ -205,32 +209,30 @@ class Fabric:
                 link.acks_out += 1
                 send(frames.encode(link.peer, self.index, self.epoch, 0, link.out_msg_count, link.processed,
                                    max(0, link.in_epoch), [], [], frames.WANT_ACK if ask else 0), zmq.NOBLOCK)
-        if self._waiters:
+        if self._unfixed:
             self._fix_waiters()
         self._check_congestion()
 
     def _fix_waiters(self) -> None:
-        fixed = []
-        for req, cb in self._waiters:
-            if req is None:
-                req = {p: link.out_seq for p, link in self.links.items() if link.up and link.acked < link.out_seq}
-            fixed.append((req, cb))
-        self._waiters = fixed
+        req = {p: link.out_seq for p, link in self.links.items() if link.up and link.acked < link.out_seq}
+        self._waiters.append((req, self._unfixed))
+        self._unfixed = []
         self._release_waiters()
 
     def _release_waiters(self) -> None:
         keep = []
-        for req, cb in self._waiters:
-            if req is not None:
-                # Satisfied by the ack, or by the peer being gone or lagging (stuck: it holds nobody up).
-                for p in [p for p, seq in req.items()
-                          if self.links[p].acked >= seq or not self.links[p].up or self.links[p].lagging]:
-                    del req[p]
-                if not req:
-                    guard.call("a fabric sync point's callback", cb)
-                    continue
-            keep.append((req, cb))
-        self._waiters = keep
+        waiters, self._waiters = self._waiters, []   # a callback may add sync points: they stay
+        for req, callbacks in waiters:
+            # Satisfied by the ack, or by the peer being gone or lagging (stuck: it holds nobody up).
+            for p in [p for p, seq in req.items()
+                      if self.links[p].acked >= seq or not self.links[p].up or self.links[p].lagging]:
+                del req[p]
+            if req:
+                keep.append((req, callbacks))
+                continue
+            for cb in callbacks:
+                guard.call("a fabric sync point's callback", cb)
+        self._waiters = keep + self._waiters
 
     # -- receiving ------------------------------------------------------------------------------------------
     def pause_input(self, reason: str, paused: bool) -> None:

@@ -130,9 +130,7 @@ class Connection(ConnzView, asyncio.Protocol):
     # -- asyncio.Protocol -----------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # (TCP_NODELAY is the listener's, which every accepted socket inherits: cluster.supervisor.acceptor)
         transport.set_write_buffer_limits(high=self.hub.stall_bytes, low=self.hub.stall_bytes // 2)
         peer = transport.get_extra_info("peername")
         if peer:

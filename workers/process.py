@@ -35,7 +35,7 @@ from shardbroker.cluster.config import Config, from_document, protocols
 from shardbroker.cluster.logs import flush_floods, setup_logging
 from shardbroker.cluster.monitoring import connz
 from shardbroker.router.fabric import Fabric
-from shardbroker.workers import reconfigure, workqueues
+from shardbroker.workers import eventloop, reconfigure, workqueues
 from shardbroker.workers.auth import Authenticator
 from shardbroker.workers.hub import Hub
 from shardbroker.workers.lameduck import LameDuck
@@ -65,7 +65,7 @@ def main(index: int, epoch: int, workers: int, config: Config, runtime_dir: str,
     worker = Worker(index, epoch, workers, config, runtime_dir, ctl_sock,
                     Authenticator(config.security, security_state), server_info, tls_material or {})
     try:
-        code = _run(worker.run(), config.workers.event_loop)
+        code = eventloop.run(worker.run(), config.workers.event_loop)
     except Exception:
         log.exception("worker %d crashed", index)
         code = 1
@@ -81,16 +81,12 @@ def _arriving(conn, state: dict):
     return conn
 
 
-def _run(coro, event_loop: str) -> int:
-    if event_loop in ("auto", "uvloop"):
-        try:
-            import uvloop
-        except ImportError:
-            if event_loop == "uvloop":
-                raise
-        else:
-            return uvloop.run(coro)
-    return asyncio.run(coro)
+def _greeted(conn):
+    """``conn``, told that the supervisor's acceptor greeted its client (cluster.supervisor.handoff)."""
+    conn.acceptor_greeted()
+    return conn
+
+
 
 
 def _die_with_parent() -> None:
@@ -218,7 +214,7 @@ class Worker:
                 log.error("connection handoff without a file descriptor (out of file descriptors?)")
                 self._report_closed(int(msg.get("cid", 0)))
                 return
-            asyncio.ensure_future(self._adopt(msg, fds[0]))
+            asyncio.get_running_loop().create_task(self._adopt(msg, fds[0]))
         elif kind == "stop":
             self._stop(float(msg.get("grace", self.config.shutdown.grace_period)))
         elif kind == "peer_down":
@@ -279,7 +275,8 @@ class Worker:
 
     async def _adopt(self, msg: dict, fd: int) -> None:
         sock = socket.socket(fileno=fd)
-        sock.set_inheritable(False)
+        if not control.RECV_FLAGS:
+            sock.set_inheritable(False)
         session = self.sessions.get(msg.get("p"))
         hub = self.hub
         cid = int(msg["cid"])
@@ -294,6 +291,8 @@ class Worker:
                 hub.moved_in += 1
                 loop = asyncio.get_running_loop()
                 await loop.connect_accepted_socket(lambda: _arriving(session(hub, cid), moved), sock)
+            elif msg.get("greeted") is True:   # plain TCP
+                await asyncio.get_running_loop().connect_accepted_socket(lambda: _greeted(session(hub, cid)), sock)
             elif not await self.tls.adopt(msg.get("p"), sock, lambda: session(hub, cid)):   # TLS: workers/tls.py
                 self._report_closed(cid)
         except OSError as exc:

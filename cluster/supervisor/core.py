@@ -49,7 +49,7 @@ from shardbroker.cluster.supervisor.messages import WorkerMessages
 from shardbroker.cluster.supervisor.reload import Outcome, Reloader
 from shardbroker.cluster.supervisor.service_status import ServiceStatus
 from shardbroker.cluster.supervisor.slots import WorkerSlot, kill, left, murder_unresponsive
-from shardbroker.workers import speedups
+from shardbroker.workers import eventloop, speedups
 
 if TYPE_CHECKING:
     from shardbroker.cluster.monitoring.endpoints import Monitor
@@ -154,7 +154,7 @@ class Supervisor:
                                     exc.errno or errno.EIO, EXIT_FAILED)
             log.info("runtime directory %s", self.runtime_dir)
             try:
-                code = asyncio.run(self._main())
+                code = eventloop.run(self._main(), self.config.workers.event_loop)
             except Exception as exc:   # a bug: systemd hears it too (`systemctl status`), then the traceback
                 self.notifier.send(STATUS=f"internal error: {exc!r}", ERRNO=errno.EIO)
                 raise

@@ -12,7 +12,7 @@ import socket
 
 from shardbroker.cluster.config import Config, protocols
 from shardbroker.cluster.supervisor import systemd
-from shardbroker.cluster.supervisor.acceptor import Listener, bind
+from shardbroker.cluster.supervisor.acceptor import Listener, bind, no_delay
 from shardbroker.router import shardmap
 
 log = logging.getLogger("broker.supervisor")
@@ -70,6 +70,7 @@ def open_listeners(cfg: Config, nworkers: int,
     homes = {"qlite": shardmap.owner(cfg.qlite.queue, nworkers)}
     for proto, host, port, refusal in wanted:
         if proto in passed:
+            no_delay(passed[proto])
             listeners.append(Listener(proto, passed.pop(proto), refusal, own.get(proto, {}), homes.get(proto)))
             section = _SECTIONS[proto]
             log.info("%s: listening on %s, passed by systemd (%s.bind and %s.port are not used)", proto,

@@ -164,8 +164,9 @@ def _server_stream() -> tuple[bytes, list]:
     """What a NATS server may send, and the items ``parse(..., controls=True)`` reads of it."""
     from shardbroker.workers.delivery import Outgoing
     from shardbroker.workers.protocols.nats import codec as nats_codec
+    from shardbroker.workers.protocols.nats import greeting
     items: list = []
-    out = [nats_codec.info(b'{"server_id":"x","client_id":7}')]
+    out = [greeting.info_line({"server_id": "x", "client_id": 7})]
     items.append(b'INFO {"server_id":"x","client_id":7} ')
     plain = Outgoing(b"a.b", None, None, b"hello")
     out.append(plain.msg_line(b"1") + plain.body)

@@ -42,11 +42,6 @@ def err(text: str) -> bytes:
     return b"-ERR '" + text.encode() + b"'\r\n"
 
 
-def info(fields: bytes) -> bytes:
-    """``fields`` is the INFO JSON.  nats-server joins the parts with spaces, hence the space before CRLF."""
-    return b"INFO " + fields + b" \r\n"
-
-
 class Framing:
     """nats-server's framing, which its client and leafnode protocols share: control lines, each message's payload
     (with its header block) sliced out by its declared size.  A protocol's parser gives ``_control`` (a line to an

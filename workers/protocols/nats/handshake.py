@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from shardbroker.workers.auth import RateLimited
-from shardbroker.workers.protocols.nats import codec
+from shardbroker.workers.protocols.nats import codec, greeting
 
 if TYPE_CHECKING:
     from shardbroker.cluster.config import NatsConfig
@@ -50,17 +50,15 @@ class Handshake:
         session then starts without one."""
         self.peer = (peer[0], peer[1])
         self._greeted = True
-        return codec.info(orjson.dumps(self._info()))
+        return greeting.info_line(self._info())
+
+    def acceptor_greeted(self) -> None:
+        """The supervisor's acceptor sent the INFO (``greeting``): the session starts without one."""
+        self._greeted = True
 
     def _info(self) -> dict:
-        info = dict(self.hub.server_info, client_id=self.cid, client_ip=self.peer[0])
-        if self._secure:
-            info["auth_required"] = True
-        if self.tls:
-            info["tls_required"] = True
-            if self.tls_verify:
-                info["tls_verify"] = True
-        return info
+        return greeting.info_fields(self.hub.server_info, self.cid, self.peer[0], self._secure, self.tls,
+                                    self.tls_verify)
 
     # -- CONNECT --------------------------------------------------------------------------------------------
     def _connect(self, raw: bytes) -> None:

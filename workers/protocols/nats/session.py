@@ -26,7 +26,7 @@ from shardbroker.workers.connection import Connection
 from shardbroker.workers.delivery import Outgoing
 from shardbroker.workers.hub import Hub
 from shardbroker.workers.message import KIND_RAW
-from shardbroker.workers.protocols.nats import codec
+from shardbroker.workers.protocols.nats import codec, greeting
 from shardbroker.workers.protocols.nats import queue_verbs as queue_ops
 from shardbroker.workers.protocols.nats.handshake import (
     ERR_AUTH_TIMEOUT,
@@ -101,14 +101,14 @@ class NatsSession(Handshake, Connection):
         if self._secure:
             self._auth_timer = self.hub.loop.call_later(self.hub.auth.config.auth_timeout, self._auth_timeout)
         if not self._greeted:
-            self.send(codec.info(orjson.dumps(self._info())))
+            self.send(greeting.info_line(self._info()))
 
     def lame_duck(self) -> int:
         """nats-server's lame duck INFO, to a client past its CONNECT (earlier, a client would take it for the
         greeting): nats-py calls its ``lame_duck_mode_cb``, nats.go its ``LameDuckModeHandler``."""
         if self.closed or not self.connected:
             return 0
-        self.send(codec.info(orjson.dumps(self._info() | {"ldm": True})))
+        self.send(greeting.info_line(self._info() | {"ldm": True}))
         return 1
 
     def handshake_timeout(self) -> None:
