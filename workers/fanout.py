@@ -27,10 +27,20 @@ if TYPE_CHECKING:
     from shardbroker.workers.groups import GroupTable
     from shardbroker.workers.subscription import Subscription
 
-# A batch of consecutive messages to one subject ends at this many deliveries or bytes of encoded messages: its
+# A batch of consecutive messages to one subject ends at this many bytes of encoded messages, or when the copies
+# its subscribers get (each NATS subscriber its own: its sid is in every line) would take this many bytes: its
 # chunks are what a turn writes at once, so this bounds the memory a batch adds to the outbound queues.
-BATCH_DELIVERIES = 4096
 BATCH_BYTES = 64 * 1024
+BATCH_COPIES = 4 * 1024 * 1024
+
+
+def batch_cost(fanout: int, size: int) -> int:
+    """What one message of ``size`` payload bytes in a batch to ``fanout`` connections adds to a turn's work
+    (``workers.turn.TURN_BUDGET``): the message, and its bytes copied to every subscriber, a unit a KiB (a delivery
+    line is ~64 bytes more than its payload).  The write each subscriber gets is counted once per batch
+    (``_open_batch``), not per message: with thousands of subscribers, the writes are what a turn costs, and a turn
+    that carries more messages in each of them is cheaper per message."""
+    return 1 + ((size + 64) * fanout >> 10)
 
 
 class Fanout:
@@ -97,13 +107,19 @@ class Fanout:
         self.turn_work += count
         return count
 
+    def _open_batch(self, route: Route) -> None:
+        """``route``'s batch is the open one from now (ending any other): each of its connections will get one chunk,
+        one write, which is counted now."""
+        if self.batch is not None:
+            self.end_batch()
+        self.batch = route
+        self.turn_work += route.fanout
+        self.schedule_flush()
+
     def _batch_add(self, route: Route, kind: int, payload: bytes, reply: str | None) -> int:
         """Queue a message in ``route``'s batch, which is opened (ending any other) if it is not the open one."""
         if route is not self.batch:
-            if self.batch is not None:
-                self.end_batch()
-            self.batch = route
-            self.schedule_flush()
+            self._open_batch(route)
         size = 0
         if route.ndjson:
             line = ndjson_delivery(route.prefix, kind, payload, reply, None)
@@ -119,19 +135,16 @@ class Fanout:
         route.batched_bytes += size
         route.batched_payload += len(payload)
         count = route.fanout
-        self.turn_work += count
-        # Bound what one batch turns into: deliveries (a NATS subscriber gets its own copy) and bytes.
-        if route.batched * count >= BATCH_DELIVERIES or route.batched_bytes >= BATCH_BYTES:
+        self.turn_work += batch_cost(count, len(payload))
+        # Bound what one batch turns into: its bytes, and their copies (a NATS subscriber gets its own).
+        if route.batched_bytes * count >= BATCH_COPIES or route.batched_bytes >= BATCH_BYTES:
             self.end_batch()
         return count
 
     def _batch_add_run(self, route: Route, kind: int, payloads: list[bytes], reply: str | None) -> int:
         """``_batch_add`` for a run: the encodings of all its messages made in one call per protocol."""
         if route is not self.batch:
-            if self.batch is not None:
-                self.end_batch()
-            self.batch = route
-            self.schedule_flush()
+            self._open_batch(route)
         n = len(payloads)
         size = 0
         if route.ndjson:
@@ -147,13 +160,13 @@ class Fanout:
             for payload in payloads:
                 conn.deliver_message(route.subject, kind, payload, reply, None)
         route.batched += n
+        payload_bytes = sum(map(len, payloads))
         route.batched_bytes += size
-        route.batched_payload += sum(map(len, payloads))
-        count = route.fanout * n
-        self.turn_work += count
-        if route.batched * route.fanout >= BATCH_DELIVERIES or route.batched_bytes >= BATCH_BYTES:
+        route.batched_payload += payload_bytes
+        self.turn_work += n + ((payload_bytes + 64 * n) * route.fanout >> 10)   # batch_cost, for n messages
+        if route.batched_bytes * route.fanout >= BATCH_COPIES or route.batched_bytes >= BATCH_BYTES:
             self.end_batch()
-        return count
+        return route.fanout * n
 
     def end_batch(self) -> None:
         """Hand the open batch to its subscribers: one chunk each, in the order the messages came."""

@@ -9,8 +9,8 @@
   destination and one ``writelines`` per touched connection.
 - A client's read arrives as runs of publishes to one subject where it can (``publish_run``): routed, counted and
   batched once per run, in chunks that respect the turn's budget and a batch's size.
-- Nothing waits and nothing runs unbounded: a turn makes at most ``TURN_BUDGET`` publishes and deliveries (the
-  rest of a read, or of a fabric frame, waits for the next turn), and consumers that drain slower than messages
+- Nothing waits and nothing runs unbounded: a turn does at most ``TURN_BUDGET`` units of work (the rest of a read,
+  or of a fabric frame, waits for the next turn), and consumers that drain slower than messages
   arrive hold publishers back (``backpressure``).
 - The owner of a subject (``router.shardmap``) keeps its counters (every worker counts what its clients publish
   and ships the counts to the owner once a second) and picks the members of its queue groups (``groups``).
@@ -33,7 +33,7 @@ from shardbroker.workers import speedups
 from shardbroker.workers.backpressure import Backpressure
 from shardbroker.workers.counters import SubjectCounters
 from shardbroker.workers.delivery import Route
-from shardbroker.workers.fanout import BATCH_BYTES, Fanout
+from shardbroker.workers.fanout import BATCH_BYTES, Fanout, batch_cost
 from shardbroker.workers.groups import GroupTable
 from shardbroker.workers.inbox import Inbox
 from shardbroker.workers.interest import Interest
@@ -129,7 +129,7 @@ class Hub(Fanout):
         self.turn.add("fabric", self._flush_fabric)
         self.mark_dirty = self.turn.mark_dirty    # bound once: a connection calls it in every turn it has output
         self.schedule_flush = self.turn.schedule
-        self.turn_work = 0                        # publishes and deliveries made in this event-loop turn
+        self.turn_work = 0                        # the units of work done in this event-loop turn (TURN_BUDGET)
 
         self.conns: dict[int, Connection] = {}
         self.stopping = False                       # a graceful stop began: process no more client input
@@ -279,7 +279,12 @@ class Hub(Fanout):
         room for (at least one, so that every turn makes progress), and at most a batch's bytes, so that a consumer
         falling behind is noticed (backpressure) as often as when messages came one at a time."""
         left = len(payloads) - start
-        room = (TURN_BUDGET - self.turn_work) // (route.fanout + 1)
+        fanout = route.fanout
+        if route.members is None:   # delivered one by one: a unit per delivery
+            room = (TURN_BUDGET - self.turn_work) // (fanout + 1)
+        else:   # batched (workers.fanout.batch_cost), one write per subscriber if it opens the batch
+            room = (TURN_BUDGET - self.turn_work - (fanout if route is not self.batch else 0)) \
+                // batch_cost(fanout, len(payloads[start]))
         n = left if room >= left else max(1, room)
         chunk = payloads[start:start + n] if start or n < left else payloads
         if sum(map(len, chunk)) < BATCH_BYTES:

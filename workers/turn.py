@@ -24,8 +24,9 @@ from typing import Protocol
 
 from shardbroker.router import guard
 
-# Publishes and deliveries (a work-queue push counts as several: workqueues.service.PUSH_WORK) one turn may make
-# before the rest of a read or of a fabric frame waits for the next.
+# Units of work one turn may do before the rest of a read or of a fabric frame waits for the next: a publish, a
+# delivery handled alone, a write to one subscriber of a batch and each KiB copied into batches
+# (workers.fanout.batch_cost); a work-queue push counts as several (workqueues.service.PUSH_WORK).
 TURN_BUDGET = 20_000
 
 PHASES = ("counters", "journal", "batch", "fabric", "connections", "background")

@@ -324,3 +324,39 @@ def test_fabric_frames_between_workers_are_not_lost_under_a_burst(tmp_path):
             assert b.hubs[1].stats()["out_msgs"] == 6000
 
     run(scenario)
+
+
+def test_a_fan_out_to_many_connections_carries_many_messages_in_each_write(tmp_path):
+    """With a thousand subscribers the writes are what a turn costs: a burst reaches each of them in a few writes
+    (the turn's budget counts a write per subscriber per batch, not a unit per delivery), in order, and no turn
+    does more than its budget and one batch's end."""
+    from shardbroker.workers.turn import TURN_BUDGET
+
+    async def scenario():
+        async with await Broker.start(tmp_path) as b:
+            hub = b.hubs[0]
+            subs = []
+            for _ in range(1000):
+                c = await nats(b)
+                c.send(b"SUB wide 1\r\n")
+                subs.append(c)
+            p = await nats(b)
+            p.send(b"PING\r\n")
+            await p.expect(b"PONG\r\n")
+            worst = []
+            start_turn = hub.turn.run
+
+            def run_turn():
+                worst.append(hub.turn_work)   # the work of the turn that ends here
+                start_turn()
+            hub.turn.run = run_turn
+            before = [s.transport.writes for s in subs]
+            p.send(b"".join(b"PUB wide 100\r\n%s\r\n" % (b"%03d" % i * 34)[:100] for i in range(200)) + b"PING\r\n")
+            await p.expect(b"PONG\r\n", timeout=10)
+            expected = b"".join(b"MSG wide 1 100\r\n%s\r\n" % (b"%03d" % i * 34)[:100] for i in range(200))
+            for s, was in zip(subs, before):
+                assert s.take() == expected
+                assert s.transport.writes - was <= 5
+            assert max(worst) <= TURN_BUDGET + 1000 + 200
+
+    run(scenario)
