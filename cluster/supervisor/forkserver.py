@@ -212,7 +212,7 @@ class Launcher:
         early, _early = _early, None
         if not self._config.fork_server:
             if early is not None:
-                early.stop()
+                early.stop(kill=True)   # not waiting for it to finish its imports
             log.info("workers.fork_server is off: every worker starts as a fresh interpreter")
             return
         if early is not None:
