@@ -49,6 +49,10 @@ HELLO_ACK = "hello_ack"
 
 _RECV_BUDGET = 512  # frames per callback before yielding to client I/O
 _MAX_FRAME_MESSAGES = 4096  # split a destination's batch above this, to bound frame size and latency
+# ... and above this many payload bytes: a frame of megabytes is allocated, copied and freed four times on its way
+# (marshal, ZeroMQ's message, the receiver's copy), each time in fresh pages that the kernel faults in and zeroes
+# (a quarter of a worker's CPU in N→N); frames under malloc's mmap threshold (128 KiB) reuse the heap's.
+_FRAME_BYTES = 64 * 1024
 
 
 class FabricHandler(Protocol):
@@ -135,14 +139,19 @@ class Fabric:
         self._hello_timer = self._loop.call_later(0.01, self._send_hellos)
 
     # -- sending --------------------------------------------------------------------------------------------
-    def send(self, dst: int, message: tuple) -> None:
-        self.links[dst].out_msgs.append(message)
+    def send(self, dst: int, message: tuple, size: int) -> None:
+        """Queue ``message`` (``frames.Message``) for ``dst``; ``size``: its payload bytes."""
+        link = self.links[dst]
+        link.out_msgs.append(message)
+        link.out_bytes += size
         self._dirty.add(dst)
 
-    def send_to(self, dsts: tuple[int, ...], message: tuple) -> None:
+    def send_to(self, dsts: tuple[int, ...], message: tuple, size: int) -> None:
         links = self.links
         for dst in dsts:
-            links[dst].out_msgs.append(message)
+            link = links[dst]
+            link.out_msgs.append(message)
+            link.out_bytes += size
         self._dirty.update(dsts)
 
     def control(self, dst: int, item: tuple) -> None:
@@ -169,8 +178,8 @@ class Fabric:
         quarter_bytes, quarter_frames = self.window_bytes // 4, self.window_frames // 4
         for dst in self._dirty:
             link = self.links[dst]
-            msgs, ctrl = link.out_msgs, link.out_ctrl
-            link.out_msgs, link.out_ctrl = [], []
+            msgs, ctrl, nbytes = link.out_msgs, link.out_ctrl, link.out_bytes
+            link.out_msgs, link.out_ctrl, link.out_bytes = [], [], 0
             if link.lagging and self._window_full(link) and msgs:
                 if link.dropped_messages == link.dropped_at_lag:
                     log.error("worker %d lags: dropping messages for it until it catches up", dst)
@@ -178,8 +187,11 @@ class Fabric:
                 msgs = []
                 if not ctrl:
                     continue
+            # In frames of at most _MAX_FRAME_MESSAGES messages and about _FRAME_BYTES, of even shares
+            parts = max(1, -(-len(msgs) // _MAX_FRAME_MESSAGES), nbytes // _FRAME_BYTES)
+            step = -(-len(msgs) // parts)
             while True:
-                chunk, msgs = msgs[:_MAX_FRAME_MESSAGES], msgs[_MAX_FRAME_MESSAGES:]
+                chunk, msgs = (msgs[:step], msgs[step:]) if parts > 1 else (msgs, [])
                 link.out_seq += 1
                 flags = frames.WANT_ACK if (asking or ctrl or not link.up or link.inflight_bytes > quarter_bytes
                                             or len(link.inflight) > quarter_frames) else 0
@@ -407,6 +419,7 @@ class Fabric:
         link.up = False
         link.forget_inflight()
         link.out_msgs.clear()
+        link.out_bytes = 0
         self.handler.on_peer_reset(peer)
         self._release_waiters()
         self._check_congestion()

@@ -17,7 +17,7 @@ from shardbroker.router import frames
 class Link:
     """State of the two one-way links between this worker and one peer."""
 
-    __slots__ = ("peer", "prefix", "out_msgs", "out_ctrl", "out_seq", "out_msg_count", "acked", "inflight",
+    __slots__ = ("peer", "prefix", "out_msgs", "out_bytes", "out_ctrl", "out_seq", "out_msg_count", "acked", "inflight",
                  "inflight_bytes", "congested_since", "acked_at", "lagging", "in_epoch", "in_seq", "in_msg_count",
                  "processed", "unfinished", "finished_early", "ack_owed", "ack_wanted", "up", "lost_frames",
                  "lost_messages", "frames_in", "frames_out", "acks_out", "messages_in", "messages_out",
@@ -27,6 +27,7 @@ class Link:
         self.peer = peer
         self.prefix = frames.prefix(peer)
         self.out_msgs: list = []
+        self.out_bytes = 0         # the payload bytes of out_msgs
         self.out_ctrl: list = []
         self.out_seq = 0
         self.out_msg_count = 0

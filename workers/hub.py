@@ -244,7 +244,7 @@ class Hub(Fanout):
             delivered += 1
         remote, queued = route.remote, route.queued
         if remote and not queued:
-            self.fabric.send_to(remote, (route.subject, kind, payload, reply, headers, None))
+            self.fabric.send_to(remote, (route.subject, kind, payload, reply, headers, None), len(payload))
             if origin is not None:
                 origin.crossed = True
             self.schedule_flush()
@@ -259,11 +259,12 @@ class Hub(Fanout):
             if owner == self.index:
                 self.dispatch_groups(route, kind, payload, reply, headers, dispatch)
             elif owner not in remote:
-                self.fabric.send(owner, (route.subject, kind, payload, reply, headers, dispatch))
+                self.fabric.send(owner, (route.subject, kind, payload, reply, headers, dispatch), len(payload))
             plain = (route.subject, kind, payload, reply, headers, None)
             for w in remote:
                 # The owner gets one copy: it delivers to its plain subscribers and dispatches the queue groups.
-                self.fabric.send(w, (route.subject, kind, payload, reply, headers, dispatch) if w == owner else plain)
+                self.fabric.send(w, (route.subject, kind, payload, reply, headers, dispatch) if w == owner else plain,
+                                 len(payload))
             self.schedule_flush()
             return True
         if delivered:
@@ -286,8 +287,13 @@ class Hub(Fanout):
             room = (TURN_BUDGET - self.turn_work - (fanout if route is not self.batch else 0)) \
                 // batch_cost(fanout, len(payloads[start]))
         n = left if room >= left else max(1, room)
+        # Look no further than a batch's bytes reach if the rest are no smaller than the first: a read of thousands
+        # of messages is taken a chunk at a time, and summing all of what is left at every chunk was quadratic.
+        first = len(payloads[start])
+        if first and n > BATCH_BYTES // first:
+            n = BATCH_BYTES // first + 1
         chunk = payloads[start:start + n] if start or n < left else payloads
-        if sum(map(len, chunk)) < BATCH_BYTES:
+        if sum(map(len, chunk)) <= BATCH_BYTES + first:   # (payloads of one size: the common case)
             return n
         return bisect.bisect_left(list(itertools.accumulate(map(len, chunk))), BATCH_BYTES) + 1
 
@@ -333,7 +339,7 @@ class Hub(Fanout):
             self.leafnodes.forward_run(route, kind, payloads, reply)
             delivered += 1
         if route.remote:
-            self.fabric.send_to(route.remote, (route.subject, kind, payloads, reply, None, None))
+            self.fabric.send_to(route.remote, (route.subject, kind, payloads, reply, None, None), nbytes)
             origin.crossed = True
             self.schedule_flush()
             return True
@@ -349,7 +355,7 @@ class Hub(Fanout):
             if worker == self.index:
                 self.deliver_members(route.subject, kind, payload, reply, headers, members)
             else:
-                self.fabric.send(worker, (route.subject, kind, payload, reply, headers, ("m", members)))
+                self.fabric.send(worker, (route.subject, kind, payload, reply, headers, ("m", members)), len(payload))
                 forwarded = True
         return forwarded
 

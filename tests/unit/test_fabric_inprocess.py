@@ -69,13 +69,13 @@ def test_a_delivery_or_control_item_that_raises_does_not_stop_the_reader(tmp_pat
         (a, b), (ha, hb) = await _pair(tmp_path)
         before = guard.errors
         hb.fail = 1
-        a.send(1, ("s", 0, b"lost", None, None, None))
+        a.send(1, ("s", 0, b"lost", None, None, None), 4)
         a.control(1, ("boom",))
         ha.schedule_flush()
         await asyncio.sleep(0.1)
         synced = asyncio.get_running_loop().create_future()
         for i in range(3):
-            a.send(1, ("s", 0, b"m%d" % i, None, None, None))
+            a.send(1, ("s", 0, b"m%d" % i, None, None, None), 2)
         a.when_processed(lambda: synced.set_result(True))
         ha.schedule_flush()
         await asyncio.wait_for(synced, 5)   # acknowledged: the failed frame did not hold the window either
@@ -95,7 +95,7 @@ def test_a_sync_point_callback_that_raises_does_not_stop_the_others(tmp_path):
         def bad():
             raise TypeError("a reply that cannot be rendered")
 
-        a.send(1, ("s", 0, b"x", None, None, None))
+        a.send(1, ("s", 0, b"x", None, None, None), 1)
         a.when_processed(bad)
         a.when_processed(lambda: called.append(1))
         ha.schedule_flush()
@@ -110,7 +110,7 @@ def test_a_peer_that_stops_reading_shows_as_unacknowledged_time(tmp_path):
     async def run():
         (a, b), (ha, hb) = await _pair(tmp_path)
         b.pause_input("test", True)   # reads nothing more, and so acknowledges nothing
-        a.send(1, ("s", 0, b"x", None, None, None))
+        a.send(1, ("s", 0, b"x", None, None, None), 1)
         ha.schedule_flush()
         await asyncio.sleep(1.2)
         a.tick()

@@ -212,7 +212,8 @@ class Leafnodes:
             if worker == self.index:
                 hub.deliver_members(route.subject, KIND_RAW, payload, reply, headers, members)
             else:
-                hub.fabric.send(worker, (route.subject, KIND_RAW, payload, reply, headers, ("m", members)))
+                hub.fabric.send(worker, (route.subject, KIND_RAW, payload, reply, headers, ("m", members)),
+                                len(payload))
                 hub.schedule_flush()
         return bool(targets)
 
