@@ -1,11 +1,11 @@
 """The fork server: one process that imports the workers' modules once, then forks a worker for each request.
 
-The supervisor starts it as it would start a worker, a fresh interpreter (``cluster.supervisor.launch``), whose
-command line is ``<python> <flags> -S -c <boot> broker-forkserver <request fd>``, and asks it for workers over the
-request socket (``cluster.supervisor.forkserver``).  It imports what a worker imports (``PRELOAD``; ~0.1 s of
-asyncio, uvloop, zmq, the hub, every protocol's session) and nothing else: it runs no event loop, makes no ZeroMQ
-context, starts no thread and never sees the configuration, so a worker forked from it inherits nothing a fresh
-interpreter would not have, while its start-up is a fork and its own boot.
+The supervisor's process starts it (``brokerctl start``, first thing: ``cluster.supervisor.forkserver``) as it would
+start a worker, a fresh interpreter (``cluster.supervisor.launch``), whose command line is ``<python> <flags> -S -c
+<boot> broker-forkserver <request fd>``, and asks it for workers over the request socket.  It imports what a worker
+imports (``PRELOAD``; ~0.1 s of asyncio, uvloop, zmq, the hub, every protocol's session) and nothing else: it runs
+no event loop, makes no ZeroMQ context, starts no thread and never sees the configuration, so a worker forked from
+it inherits nothing a fresh interpreter would not have, while its start-up is a fork and its own boot.
 
 A request is one datagram, ``REQUEST`` (an id, the worker's index) with two descriptors (``SCM_RIGHTS``): the
 read end of the worker's boot pipe and its end of the control socketpair.  The fork server forks twice: the first
