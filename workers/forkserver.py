@@ -39,6 +39,8 @@ import sys
 import traceback
 from typing import NoReturn
 
+from shardbroker.workers import entry
+
 MARKER = "broker-forkserver"
 FORKED = "forked"   # the last word of a forked worker's command line
 REQUEST = struct.Struct("=II")    # request id (from 1), worker index; with SCM_RIGHTS: boot pipe, control socket
@@ -150,15 +152,13 @@ def _worker(sock: socket.socket, index: int, boot_fd: int, ctl_fd: int, defaults
     """The forked worker: shed the fork server, then boot as a fresh worker does.  Never returns."""
     code = 1
     try:
+        _retitle([sys.executable, entry.MARKER, str(index), FORKED])   # first: named as the fork server no longer
+        sys.argv = ["-c", entry.MARKER, str(index), str(boot_fd), str(ctl_fd)]
         sock.close()
         _close_fds_but(0, 1, 2, boot_fd, ctl_fd)
         for signum, handler in defaults.items():
             signal.signal(signum, handler)
         os.setpgid(0, 0)   # as a fresh worker (cluster.supervisor.launch): signals to a group reach it alone
-        from shardbroker.workers import entry
-
-        sys.argv = ["-c", entry.MARKER, str(index), str(boot_fd), str(ctl_fd)]
-        _retitle([sys.executable, entry.MARKER, str(index), FORKED])
         entry.run(boot_fd, ctl_fd)   # exits the process
         code = 0
     except SystemExit as exc:
