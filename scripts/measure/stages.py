@@ -69,6 +69,7 @@ import urllib.request
 from pathlib import Path
 
 import zmq
+from hotpath import NullTransport  # scripts/measure, this script's folder
 
 from shardbroker.cli.wire import nats as wire_nats
 from shardbroker.cli.wire import ndjson as wire_ndjson
@@ -154,42 +155,6 @@ def as_worker() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])
-
-
-class NullTransport:
-    """Takes every write at once (as scripts/measure/hotpath.py): the kernel's part is measured apart."""
-
-    def __init__(self) -> None:
-        self.writes = self.written = 0
-
-    def writelines(self, chunks: list) -> None:
-        self.writes += 1
-        self.written += sum(map(len, chunks))
-
-    def write(self, data: bytes) -> None:
-        self.writes += 1
-        self.written += len(data)
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def get_extra_info(self, key: str, default=None):
-        return ("127.0.0.1", 1) if key == "peername" else default
-
-    def set_write_buffer_limits(self, **limits) -> None:
-        pass
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def is_closing(self) -> bool:
-        return False
-
-    def can_write_eof(self) -> bool:
-        return True
 
 
 # -- the Python stages ---------------------------------------------------------------------------------------------

@@ -1,36 +1,15 @@
 """brokerctl bench works: one tiny scenario, against the peers when they are installed (CI installs them)."""
 
 import json
-import os
 import subprocess
 import sys
-import uuid
 
-import psutil
 import pytest
 
 from shardbroker.cli.bench.servers import find_binary
 
+from support.benchtag import servers_left, tagged
 from support.harness import REPO
-
-
-def tagged() -> tuple[dict, str]:
-    """An environment whose tag every process the bench starts inherits, so leftovers are found by tag (not by
-    name: other tests start brokers at the same time)."""
-    tag = uuid.uuid4().hex
-    return dict(os.environ, BENCH_TEST_TAG=tag), tag
-
-
-def servers_left(tag: str) -> list:
-    """Live processes that carry ``tag`` in their environment (servers, workers, generators)."""
-    found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        try:
-            if proc.info["status"] != psutil.STATUS_ZOMBIE and proc.environ().get("BENCH_TEST_TAG") == tag:
-                found.append(" ".join(proc.info["cmdline"] or []))
-        except psutil.Error:
-            continue
-    return found
 
 
 def test_tiny_bench_runs_and_reports(tmp_path):

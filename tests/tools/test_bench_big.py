@@ -7,15 +7,14 @@ import resource
 import socket
 import subprocess
 import sys
-import uuid
 
-import psutil
 import pytest
 
 from shardbroker.cli.bench import scale, servers
 from shardbroker.cli.bench.loadgen import Generator
 from shardbroker.cli.bench.servers import find_binary
 
+from support.benchtag import servers_left, tagged
 from support.harness import REPO
 
 PEERS = [p for p, binary in (("nats", "nats-server"), ("redis", "redis-server")) if find_binary(binary)]
@@ -24,23 +23,12 @@ PEERS = [p for p, binary in (("nats", "nats-server"), ("redis", "redis-server"))
 def bench(args: list[str], tmp_path, **kwargs) -> tuple[subprocess.CompletedProcess, dict, str]:
     """Run brokerctl bench with a tag every process it starts inherits, so its leftovers are found by it (other
     tests start brokers at the same time) -> (the run, its JSON results, the tag)."""
-    tag = uuid.uuid4().hex
+    env, tag = tagged()
     res = subprocess.run([sys.executable, "-m", "shardbroker.cli", "bench", "--rounds", "1", "--out", str(tmp_path),
                           *args], cwd=REPO, capture_output=True, text=True, timeout=300,
-                         env=dict(os.environ, BENCH_TEST_TAG=tag), **kwargs)
+                         env=env, **kwargs)
     assert res.returncode == 0, res.stderr[-3000:]
     return res, json.loads(next(tmp_path.glob("bench-*.json")).read_text()), tag
-
-
-def left_running(tag: str) -> list[str]:
-    found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        try:
-            if proc.info["status"] != psutil.STATUS_ZOMBIE and proc.environ().get("BENCH_TEST_TAG") == tag:
-                found.append(" ".join(proc.info["cmdline"] or []))
-        except psutil.Error:
-            continue
-    return found
 
 
 def test_big_scenarios_run_small(tmp_path):
@@ -59,7 +47,7 @@ def test_big_scenarios_run_small(tmp_path):
         assert conns["seconds"] > 0 and "rss_per_conn" in conns, conns
     assert result["options"]["wide_max"] == 60 and result["options"]["connections_max"] == 80
     assert "skipped" not in result
-    assert not left_running(tag), "the bench left servers running"
+    assert not servers_left(tag), "the bench left servers running"
 
 
 def test_skipped_where_open_files_are_too_few(tmp_path):
@@ -75,7 +63,7 @@ def test_skipped_where_open_files_are_too_few(tmp_path):
     assert "6,024 open files" in why and "2,048" in why and "ulimit -Hn" in why
     assert f"skipped: conn50k: {why}" in res.stdout
     assert result["summary"] == [] and result["servers"] == {}
-    assert not left_running(tag)
+    assert not servers_left(tag)
 
 
 def test_source_addresses():
