@@ -123,3 +123,27 @@ def test_a_peer_that_stops_reading_shows_as_unacknowledged_time(tmp_path):
             f.close()
 
     asyncio.run(run())
+
+
+def test_a_turns_batch_leaves_in_frames_of_about_64_kib_in_order(tmp_path):
+    """What one turn queued for a worker is cut into frames of about 64 KiB of payloads (a frame of megabytes cost
+    page faults at every copy), shared out evenly, and arrives whole and in order; sync points added in one flush
+    are released together by the acks."""
+    async def run():
+        (a, b), (ha, hb) = await _pair(tmp_path)
+        payloads = [b"%06d" % i + b"x" * 994 for i in range(1000)]   # 1 MB in all
+        for p in payloads:
+            a.send(1, ("s", 0, p, None, None, None), len(p))
+        released = []
+        for i in range(3):
+            a.when_processed(lambda i=i: released.append(i))
+        frames_before = a.stats()["links"]["1"]["frames_out"]
+        ha.schedule_flush()
+        await _until(lambda: len(released) == 3)
+        frames = a.stats()["links"]["1"]["frames_out"] - frames_before
+        assert hb.got == payloads and released == [0, 1, 2]
+        assert 1000 * 1000 // (64 * 1024) <= frames <= 1000 * 1000 // (64 * 1024) + 1
+        for f in (a, b):
+            f.close()
+
+    asyncio.run(run())
