@@ -9,9 +9,8 @@
   destination and one ``writelines`` per touched connection.
 - A client's read arrives as runs of publishes to one subject where it can (``publish_run``): routed, counted and
   batched once per run, in chunks that respect the turn's budget and a batch's size.
-- Nothing waits and nothing runs unbounded: a turn does at most ``TURN_BUDGET`` units of work (the rest of a read,
-  or of a fabric frame, waits for the next turn), and consumers that drain slower than messages
-  arrive hold publishers back (``backpressure``).
+- Nothing waits and nothing runs unbounded: a turn does at most ``TURN_BUDGET`` units of work (the rest waits for
+  the next turn), and consumers that drain slower than messages arrive hold publishers back (``backpressure``).
 - The owner of a subject (``router.shardmap``) keeps its counters (every worker counts what its clients publish
   and ships the counts to the owner once a second) and picks the members of its queue groups (``groups``).
 """
@@ -275,10 +274,11 @@ class Hub(Fanout):
             return True
         return False
 
-    def run_room(self, route: Route, payloads: list[bytes], start: int = 0) -> int:
+    def run_room(self, route: Route, payloads: list[bytes], start: int = 0) -> tuple[int, int]:
         """How many of ``payloads[start:]`` (a run to ``route``) to take in one go: what this turn's budget has
         room for (at least one, so that every turn makes progress), and at most a batch's bytes, so that a consumer
-        falling behind is noticed (backpressure) as often as when messages came one at a time."""
+        falling behind is noticed (backpressure) as often as when messages came one at a time.  -> (how many, their
+        bytes), the bytes counted here once for everything that follows."""
         left = len(payloads) - start
         fanout = route.fanout
         if route.members is None:   # delivered one by one: a unit per delivery
@@ -293,9 +293,11 @@ class Hub(Fanout):
         if first and n > BATCH_BYTES // first:
             n = BATCH_BYTES // first + 1
         chunk = payloads[start:start + n] if start or n < left else payloads
-        if sum(map(len, chunk)) <= BATCH_BYTES + first:   # (payloads of one size: the common case)
-            return n
-        return bisect.bisect_left(list(itertools.accumulate(map(len, chunk))), BATCH_BYTES) + 1
+        if (size := sum(map(len, chunk))) <= BATCH_BYTES + first:   # (payloads of one size: the common case)
+            return n, size
+        sizes = list(itertools.accumulate(map(len, chunk)))
+        n = bisect.bisect_left(sizes, BATCH_BYTES) + 1
+        return n, sizes[n - 1]
 
     def publish_run(self, route: Route, kind: int, payloads: list[bytes], reply: str | None,
                     origin: Connection) -> tuple[int, int, bool]:
@@ -313,9 +315,8 @@ class Hub(Fanout):
                 anyone = self.publish(route, kind, payloads[taken], reply, None, origin) or anyone
                 b = len(payloads[taken])
             else:
-                n = self.run_room(route, payloads, taken)
+                n, b = self.run_room(route, payloads, taken)
                 chunk = payloads if n == total else payloads[taken:taken + n]
-                b = sum(map(len, chunk))
                 anyone = self._publish_chunk(route, kind, chunk, b, reply, origin) or anyone
             taken += n
             nbytes += b
@@ -334,7 +335,7 @@ class Hub(Fanout):
             self._counted.append(route)
         route.msgs += n
         route.bytes += nbytes
-        delivered = self.deliver_run(route, kind, payloads, reply, origin) if route.local else 0
+        delivered = self.deliver_run(route, kind, payloads, nbytes, reply, origin) if route.local else 0
         if route.leaf:
             self.leafnodes.forward_run(route, kind, payloads, reply)
             delivered += 1

@@ -47,10 +47,10 @@ class Host(Protocol):
     routes: dict[str, Route]
 
     def route_for(self, subject: str) -> Route: ...
-    def run_room(self, route: Route, payloads: list[bytes], start: int = 0) -> int: ...
+    def run_room(self, route: Route, payloads: list[bytes], start: int = 0) -> tuple[int, int]: ...
     def deliver(self, route: Route, kind: int, payload: bytes, reply: str | None, headers: bytes | None,
                 origin: None) -> int: ...
-    def deliver_run(self, route: Route, kind: int, payloads: list[bytes], reply: str | None,
+    def deliver_run(self, route: Route, kind: int, payloads: list[bytes], nbytes: int, reply: str | None,
                     origin: None) -> int: ...
     def deliver_members(self, subject: str, kind: int, payload: bytes, reply: str | None, headers: bytes | None,
                         members: list) -> None: ...
@@ -110,12 +110,12 @@ class Inbox:
                 if route is None:
                     route = hub.route_for(subject)
                 if type(payload) is list:   # a run (publish_run): as much of it as the turn has room for
-                    take = hub.run_room(route, payload)
+                    take, nbytes = hub.run_room(route, payload)
                     if take < len(payload):
                         i -= 1
                         messages[i] = (subject, kind, payload[take:], reply, headers, extra)
                         payload = payload[:take]
-                    hub.deliver_run(route, kind, payload, reply, None)
+                    hub.deliver_run(route, kind, payload, nbytes, reply, None)
                     continue
                 hub.deliver(route, kind, payload, reply, headers, None)
                 if extra is not None and route.queued and hub.dispatch_groups(route, kind, payload, reply,

@@ -144,8 +144,8 @@ def deliver_runs(hub: Hub, route, kind: int, runs: list[list[bytes]]) -> None:
     for payloads in runs:
         start, n = 0, len(payloads)
         while start < n:
-            take = hub.run_room(route, payloads, start)
-            hub.deliver_run(route, kind, payloads if take == n else payloads[start:start + take], None, None)
+            take, nbytes = hub.run_room(route, payloads, start)
+            hub.deliver_run(route, kind, payloads if take == n else payloads[start:start + take], nbytes, None, None)
             start += take
             if hub.turn_work >= TURN_BUDGET:
                 hub.flush_now()
