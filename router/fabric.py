@@ -209,9 +209,7 @@ class Fabric:
                     link.waiting_since = time.monotonic()
                 link.inflight.append((link.out_seq, len(frame)))
                 link.ack_owed = False
-                # Not copied into ZeroMQ's own buffer: pyzmq copies under its copy_threshold (64 KiB) anyway, and
-                # lends larger frames' bytes, which costs a sixth of a copy in CPU (the release on its GC thread).
-                send(frame, zmq.NOBLOCK, copy=False)
+                send(frame, zmq.NOBLOCK)  # copied: cheaper than zero-copy tracking (pyzmq's GC thread)
                 if not msgs:
                     break
         self._dirty.clear()
@@ -268,7 +266,7 @@ class Fabric:
             if self._input_paused:  # a frame just delivered made a consumer congested: stop here
                 break
             try:
-                frame = recv(zmq.NOBLOCK, copy=False).buffer   # read in place: decode copies what it keeps
+                frame = recv(zmq.NOBLOCK)
             except zmq.Again:
                 break
             try:
