@@ -186,7 +186,9 @@ def _close_fds_but(*keep: int) -> None:
 def _retitle(args: list[str]) -> None:
     """Write ``args`` over this process's command line (``/proc/<pid>/cmdline``, what ``ps`` shows), within the
     room the fork server's own took: the kernel shows the memory between ``arg_start`` and ``arg_end``, which
-    nothing reads once the interpreter has started."""
+    nothing reads once the interpreter has started.  Not ``setproctitle``: it writes one title string, which
+    ``psutil`` reads back as one argument padded with empty ones, and ``brokerctl top`` and the scripts find workers
+    by their arguments (``broker-worker <index>``)."""
     try:
         with open("/proc/self/stat", "rb") as fh:
             fields = fh.read().rsplit(b")", 1)[1].split()
