@@ -64,6 +64,19 @@ def nats_url(broker) -> str:
     return f"nats://127.0.0.1:{broker.ports['nats']}"
 
 
+def serves_local_clients(broker, data: bytes) -> None:
+    """The broker's own clients are served whatever its leaf links are doing: ``data`` published on ``local.x``
+    reaches its subscriber."""
+    async def local():
+        nc = await connect(nats_url(broker))
+        sub = await nc.subscribe("local.x")
+        await nc.publish("local.x", data)
+        assert (await sub.next_msg(timeout=2)).data == data
+        await nc.close()
+
+    asyncio.run(local())
+
+
 async def connect(url: str, **kw) -> nats.NATS:
     """A nats-py client that fails instead of reconnecting (a test sees what broke)."""
     async def quiet(exc):   # nats-py prints errors from its callbacks otherwise

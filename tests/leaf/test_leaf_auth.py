@@ -29,6 +29,7 @@ from leafprobes import (
     nats_url,
     redials,
     remote,
+    serves_local_clients,
     until_received,
 )
 
@@ -110,14 +111,7 @@ def test_a_bad_password_is_logged_and_retried_with_backoff(nats_servers, start_b
     assert hub.log().count("authentication error") >= 4, hub.log()[-3000:]
     assert "wrong pw" not in broker.log()
 
-    async def local():   # meanwhile the broker serves its own clients
-        nc = await connect(nats_url(broker))
-        sub = await nc.subscribe("local.>")
-        await nc.publish("local.1", b"fine")
-        assert (await sub.next_msg(timeout=2)).data == b"fine"
-        await nc.close()
-
-    asyncio.run(local())
+    serves_local_clients(broker, b"fine")   # meanwhile
     wait_failures(broker, hub.leaf_url, 5)   # still trying
     assert not connects(broker) and not hub.leafz()["leafs"]
     leafz = broker_leafz(broker)

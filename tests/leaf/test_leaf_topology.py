@@ -23,6 +23,7 @@ from leafprobes import (
     redials,
     remote,
     request_until,
+    serves_local_clients,
     until_received,
     wait_hub_interest,
 )
@@ -55,14 +56,7 @@ def test_two_hubs_in_a_loop_penalise_the_link_30s(nats_servers, start_broker):
     mark = len(broker.log())
     connected_before = len(connects(broker))
 
-    async def local():   # the broker serves its own clients all the while
-        nc = await connect(nats_url(broker))
-        sub = await nc.subscribe("local.x")
-        await nc.publish("local.x", b"still here")
-        assert (await sub.next_msg(timeout=2)).data == b"still here"
-        await nc.close()
-
-    asyncio.run(local())
+    serves_local_clients(broker, b"still here")   # all the while
     time.sleep(5)
     assert not [m for m in leaf_lines(broker, after=mark) if m["url"] in looped], broker.log()[mark:]
     assert len(connects(broker)) == connected_before
