@@ -7,11 +7,12 @@ import json
 import os
 import signal
 
-from test_queues import cross, owned_by, push, recv, req, stat, wait_for
+from test_queues import cross, owned_by, push, recv, req, stat
 
 from shardbroker.cli.client import AsyncClient, BrokerError, QueueMessageSpec
 
 from support.harness import on_worker
+from support.waiting import wait_for
 
 
 def pushm(conn, queue, messages, **fields) -> dict:

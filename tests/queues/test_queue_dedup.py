@@ -11,9 +11,10 @@ import time
 import urllib.request
 
 import nats
-from test_queues import owned_by, push, recv, req, stat, wait_for
+from test_queues import owned_by, push, recv, req, stat
 
 from support.harness import Raw, on_worker
+from support.waiting import wait_for
 
 NO_MOVES = {"queues": {"move_connections": False}}
 

@@ -12,6 +12,7 @@ import zlib
 import pytest
 
 from support.harness import Raw, on_worker
+from support.waiting import wait_for
 
 WORKERS = 2
 
@@ -51,17 +52,6 @@ def stat(conn: Raw, queue: str) -> dict:
     reply = req(conn, "qstat", queue=queue)
     assert reply["ok"] is True, reply
     return reply["stat"]
-
-
-def wait_for(check, timeout: float = 5.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def fake_receipt() -> str:

@@ -87,17 +87,6 @@ def psutil_error() -> type[Exception]:
     return psutil.Error
 
 
-def wait_for(what, timeout: float, step: float = 0.05, message: str = ""):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = what()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(message or f"not true in {timeout}s")
-        time.sleep(step)
-
-
 def push_ids(broker, queue: str, n: int, chunk: int = 1000) -> list[str]:
     """``n`` unique messages (data ``m<i>``) in NDJSON batch pushes of ``chunk``; their ids."""
     ids: list[str] = []

@@ -10,9 +10,10 @@ import time
 from collections import Counter
 
 import pytest
-from sparkhelp import drain, push_ids, qstat, wait_for
+from sparkhelp import drain, push_ids, qstat
 
 from support.harness import Raw
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -40,11 +41,11 @@ def test_a_stream_reads_every_message_once_and_acks_the_last_batch_within_a_trig
     q = (df.writeStream.format("parquet").option("path", str(out)).option("checkpointLocation", str(ck))
          .trigger(processingTime=f"{trigger} seconds").start())
     try:
-        wait_for(lambda: rows_read(q) >= n or q.exception(), 90, step=0.05, message="the stream never read n")
+        wait_for(lambda: rows_read(q) >= n or q.exception(), 90, "the stream to read n", step=0.05)
         done = time.monotonic()
         assert q.exception() is None, q.exception()
-        wait_for(lambda: qstat(broker, "jobs")["in_flight"] == 0, 2 * trigger + 5, step=0.1,
-                 message=f"the last batch was not acked: {qstat(broker, 'jobs')}")
+        wait_for(lambda: qstat(broker, "jobs")["in_flight"] == 0, 2 * trigger + 5, "the last batch's ack",
+                 step=0.1)
         acked_after = time.monotonic() - done
     finally:
         q.stop()
@@ -122,7 +123,7 @@ def test_a_restart_after_a_clean_stop_acks_the_last_batch(spark, broker, tmp_pat
                 .trigger(**trigger).start())
 
     q = start({"processingTime": "60 seconds"})   # batch 0 at once, the next trigger (the tick) a minute later
-    wait_for(lambda: rows_read(q) >= n or q.exception(), 60, message="the first batch never ran")
+    wait_for(lambda: rows_read(q) >= n or q.exception(), 60, "the first batch", step=0.05)
     q.stop()                                       # between batches: Spark committed the batch, the broker not
     assert qstat(broker, "jobs")["in_flight"] == n
     q = start({"availableNow": True})              # Spark commits the last batch of the run before, on the source
@@ -202,14 +203,14 @@ def test_a_subject_stream_gets_what_is_published_while_it_runs(spark, broker, tm
     q = (df.writeStream.format("memory").queryName("subject_rows")
          .option("checkpointLocation", str(tmp_path / "ck")).trigger(processingTime="0.5 seconds").start())
     try:
-        wait_for(lambda: q.lastProgress is not None or q.exception(), 60, message="no first trigger")
+        wait_for(lambda: q.lastProgress is not None or q.exception(), 60, "a first trigger", step=0.05)
         assert q.exception() is None, q.exception()        # subscribed at the first trigger
         sent = [f"e{i}" for i in range(200)]
         with Raw(broker.port) as c:
             for s in sent:
                 assert c.request({"op": "pub", "topic": "events", "data": s})["ok"]
-        wait_for(lambda: rows_read(q) >= len(sent) or q.exception(), 30, step=0.1,
-                 message=f"only {rows_read(q)} of {len(sent)} rows arrived")
+        wait_for(lambda: rows_read(q) >= len(sent) or q.exception(), 30, f"all {len(sent)} rows",
+                 step=0.1)
     finally:
         q.stop()
     rows = spark.table("subject_rows").collect()
@@ -236,7 +237,7 @@ def test_a_restart_that_replays_batch_k_plus_1_acks_batch_k_too(spark, broker, t
                 .trigger(**trigger).start())
 
     q = start({"processingTime": "60 seconds"})
-    wait_for(lambda: rows_read(q) >= most or q.exception(), 60, message="the first batch never ran")
+    wait_for(lambda: rows_read(q) >= most or q.exception(), 60, "the first batch", step=0.05)
     q.stop()
     assert [f.name for f in (ck / "commits").glob("[0-9]*")] == ["0"] and qstat(broker, "jobs")["in_flight"] == most
     lines = (ck / "offsets" / "0").read_text().splitlines()

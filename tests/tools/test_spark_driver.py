@@ -10,7 +10,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from sparkhelp import SESSION_START_S, Driver, drain, own_driver, push_ids, qstat, recorded, stream_spec, wait_for
+from sparkhelp import SESSION_START_S, Driver, drain, own_driver, push_ids, qstat, recorded, stream_spec
+
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -85,11 +87,11 @@ def test_a_driver_killed_in_a_batch_replays_it_with_the_same_messages_and_the_si
     first = driver(spec, "run1")
     record = Path(spec["record"])
     wait_for(lambda: (record / "hanging").exists() or first.proc.poll() is not None, SESSION_START_S + 60,
-             message="batch k never started")
+             "batch k to start", step=0.05)
     assert first.proc.poll() is None, first.log()
     # partition 1 of batch k pushes its half meanwhile: the replay pushes it again
     wait_for(lambda: qstat(broker, "results")["messages"] >= (k - 1) * most + most // 2, 30,
-             message="partition 1 of batch k never pushed")
+             "partition 1 of batch k to push", step=0.05)
     first.kill()
     before = recorded(record, "run1")
     assert sorted(before) == list(range(1, k + 1)) and len(before[k]) == most, {b: len(v) for b, v in before.items()}
@@ -119,13 +121,13 @@ def test_a_restart_after_the_leases_expired_delivers_the_lost_batch_again(broker
     first = driver(spec, "run1")
     record = Path(spec["record"])
     wait_for(lambda: (record / "hanging").exists() or first.proc.poll() is not None, SESSION_START_S + 60,
-             message="batch k never started")
+             "batch k to start", step=0.05)
     assert first.proc.poll() is None, first.log()
     first.kill()
     lost = recorded(record, "run1")[k]
     assert len(lost) == most
-    wait_for(lambda: qstat(broker, "jobs")["in_flight"] == 0, lease + 15, step=0.2,
-             message="the leases of batch k never expired")
+    wait_for(lambda: qstat(broker, "jobs")["in_flight"] == 0, lease + 15,
+             "the leases of batch k to expire", step=0.2)
 
     timings = driver(dict(spec, tag="run2", hang_batch=None), "run2").wait(SESSION_START_S + 120)
     rows = json.loads(Path(spec["result"]).read_text())
